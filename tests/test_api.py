@@ -1,0 +1,129 @@
+"""tvmsched.compile / CompiledModel on llvm: outputs vs onnxruntime, input checking, save and load."""
+
+import platform
+import threading
+
+import numpy as np
+import pytest
+from conftest import assert_matches, onnxruntime_outputs
+
+import tvmsched
+from tvmsched.errors import ArtifactError, InputError
+from tvmsched.schedule import SCHEDULERS
+
+
+def test_branchy_model_matches_onnxruntime(branchy_model):
+    model = tvmsched.compile(branchy_model, target="llvm", batch=2)
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype("float32")
+    assert_matches([model(x)], onnxruntime_outputs(branchy_model, {"input": x}))
+    assert model.inputs[0].shape == (2, 3, 8, 8)
+    assert model.outputs[0].name == "output"
+
+
+def test_two_inputs_two_outputs_by_name_and_position(two_io_model):
+    model = tvmsched.compile(two_io_model)
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((2, 4)).astype("float32"),
+             "y": rng.standard_normal((2, 6)).astype("float32")}
+    expected = onnxruntime_outputs(two_io_model, feeds)
+    assert_matches(model(feeds), expected)
+    assert_matches(model(feeds["x"], feeds["y"]), expected)
+    assert_matches(model(**feeds), expected)
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"x": np.zeros((2, 4), "float32")}, "missing: y"),
+    ({"x": np.zeros((2, 4), "float32"), "y": np.zeros((2, 6), "float32"), "z": 1}, "unknown: z"),
+    ({"x": np.zeros((3, 4), "float32"), "y": np.zeros((2, 6), "float32")}, "must have shape 2x4, got 3x4"),
+    ({"x": np.zeros((2, 4), "float64"), "y": np.zeros((2, 6), "float32")}, "must be float32, got float64"),
+])
+def test_wrong_inputs_raise_clear_errors(two_io_model, feeds, message):
+    model = tvmsched.compile(two_io_model)
+    with pytest.raises(InputError, match=message):
+        model(feeds)
+
+
+def test_wrong_number_of_positional_inputs(two_io_model):
+    model = tvmsched.compile(two_io_model)
+    with pytest.raises(InputError, match="takes 2 inputs"):
+        model(np.zeros((2, 4), "float32"))
+
+
+def test_save_and_load_round_trip(branchy_model, tmp_path):
+    model = tvmsched.compile(branchy_model, batch=1)
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype("float32")
+    model.save(tmp_path / "build")
+    loaded = tvmsched.load(tmp_path / "build")
+    assert loaded.graph == model.graph
+    assert loaded.plan == model.plan
+    np.testing.assert_array_equal(loaded(x), model(x))
+
+
+def test_load_refuses_missing_corrupt_and_foreign_builds(branchy_model, tmp_path):
+    with pytest.raises(ArtifactError, match="not a tvmsched build"):
+        tvmsched.load(tmp_path)
+    build = tvmsched.compile(branchy_model, batch=1).save(tmp_path / "build")
+    meta = (build / "meta.json").read_text()
+    (build / "meta.json").write_text(meta.replace('"tvm_version": "', '"tvm_version": "0.1-'))
+    with pytest.raises(ArtifactError, match="built with TVM 0.1-"):
+        tvmsched.load(build)
+    assert tvmsched.load(build, force=True).graph.kernels
+    (build / "meta.json").write_text(meta[: len(meta) // 2])
+    with pytest.raises(ArtifactError, match="meta.json' is corrupt"):
+        tvmsched.load(build)
+    (build / "meta.json").write_text(meta)
+    library = (build / "model.so").read_bytes()
+    (build / "model.so").write_bytes(library[: len(library) // 3])
+    with pytest.raises(ArtifactError, match="model.so' is corrupt"):
+        tvmsched.load(build)
+
+
+def test_concurrent_calls_give_each_caller_its_own_result(branchy_model):
+    model = tvmsched.compile(branchy_model, batch=1)
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal((1, 3, 8, 8)).astype("float32") for _ in range(4)]
+    expected = [model(x) for x in inputs]
+    results = {}
+
+    def worker(index):
+        for _ in range(20):
+            results.setdefault(index, []).append(model(inputs[index]))
+
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, outputs in results.items():
+        for output in outputs:
+            np.testing.assert_array_equal(output, expected[index])
+
+
+def test_benchmark_reports_positive_times(branchy_model):
+    result = tvmsched.compile(branchy_model, target="llvm", batch=1).benchmark(warmup=1, repeat=3)
+    assert 0 < result["min_ms"] <= result["median_ms"] <= result["max_ms"]
+    assert result["device"].startswith("cpu")
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
+def test_every_schedule_gives_the_sequential_outputs(branchy_model, schedule):
+    x = np.random.default_rng(6).standard_normal((1, 3, 8, 8)).astype("float32")
+    sequential = tvmsched.compile(branchy_model, target="llvm", batch=1)
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1, schedule=schedule, max_streams=3)
+    assert model.plan.scheduler == schedule
+    np.testing.assert_array_equal(model(x), sequential(x))
+    np.testing.assert_array_equal(sequential.reschedule(schedule, max_streams=3)(x), sequential(x))
+
+
+def test_load_refuses_another_batch(branchy_model, tmp_path):
+    build = tvmsched.compile(branchy_model, target="llvm", batch=2).save(tmp_path / "build")
+    assert tvmsched.load(build, batch=2).inputs[0].shape[0] == 2
+    with pytest.raises(ArtifactError, match="built for batch 2, not 16; rebuild with --batch 16"):
+        tvmsched.load(build, batch=16)
+
+
+def test_plan_records_what_it_was_made_for(branchy_model):
+    model = tvmsched.compile(branchy_model, target="llvm", batch=2)
+    device = f"cpu-{platform.machine()}"
+    assert model.plan.context == {"target": model.meta.target.key, "device": device, "batch": 2}
+    assert model.plan.memory.activation_bytes > 0

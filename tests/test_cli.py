@@ -1,0 +1,64 @@
+"""The command line: help, one-line errors with exit code 2, and build → run → bench on a small model."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from tvmsched.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tvmsched.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_help_lists_commands():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for command in ("models", "build", "run", "bench"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["build", "no_such_model", "-o", "out"], "neither a file nor a zoo model"),
+    (["build", "model.onnx"], "required: -o/--output"),
+    (["run", "x", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["run", "squeezenet", "--target", "metal"], "unknown target 'metal'"),
+    (["run", "squeezenet", "--input-shape", "input:1xbad"], "cannot parse input shape"),
+    (["models", "export", "nope", "-o", "x.onnx"], "no zoo model 'nope'"),
+])
+def test_errors_are_one_line_with_exit_code_2(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_build_run_bench_round_trip(tmp_path, branchy_model, capsys):
+    model_path = tmp_path / "branchy.onnx"
+    onnx.save(branchy_model, model_path)
+    assert main(["build", str(model_path), "-o", str(tmp_path / "build"), "--batch", "2"]) == 0
+    assert (tmp_path / "build" / "model.so").is_file()
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(tmp_path / "build"), "--input", f"input={tmp_path / 'x.npy'}",
+                 "--save-output", str(tmp_path / "out.npz")]) == 0
+    import tvmsched
+
+    expected = tvmsched.compile(branchy_model, batch=2)(x)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["output"], expected, rtol=1e-6)
+    assert main(["bench", str(tmp_path / "build"), "--repeat", "3", "--warmup", "1",
+                 "--json", str(tmp_path / "bench.json")]) == 0
+    assert json.loads((tmp_path / "bench.json").read_text())["median_ms"] > 0
+    assert main(["run", str(tmp_path / "build"), "--input", "image=x.npy"]) == 2
+
+
+def test_models_list_and_export(tmp_path, capsys):
+    assert main(["models", "list"]) == 0
+    assert "inception_v3" in capsys.readouterr().out
+    assert main(["models", "export", "squeezenet", "-o", str(tmp_path / "sq.onnx")]) == 0
+    onnx.checker.check_model(onnx.load(tmp_path / "sq.onnx"))

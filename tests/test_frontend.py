@@ -1,0 +1,94 @@
+"""Frontend errors: missing/corrupt files, unsupported ops, unbound dims, no inputs, bad shape flags."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import make_model, tensor
+from onnx import helper
+
+import tvmsched
+from tvmsched import frontend
+from tvmsched.errors import ModelLoadError, ShapeBindingError, UnknownModel, UnsupportedOperator
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        frontend.load_model(tmp_path / "nope.onnx")
+
+
+def test_corrupt_file(tmp_path, branchy_model):
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(branchy_model.SerializeToString()[:100])
+    with pytest.raises(ModelLoadError, match="not a readable ONNX model"):
+        frontend.load_model(path)
+
+
+def test_invalid_graph_is_reported():
+    node = helper.make_node("Relu", ["undefined_tensor"], ["output"])
+    graph = helper.make_graph([node], "g", [tensor("input", [1])], [tensor("output", [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelLoadError, match="invalid"):
+        frontend.load_model(model)
+
+
+def test_unsupported_operator_names_node_and_op():
+    nodes = [helper.make_node("Relu", ["input"], ["hidden"]),
+             helper.make_node("Celu", ["hidden"], ["output"], name="celu_7")]
+    model = make_model(nodes, [tensor("input", [1, 4])], [tensor("output", [1, 4])], {})
+    with pytest.raises(UnsupportedOperator, match="node 'celu_7' uses 'Celu' .opset 18."):
+        tvmsched.compile(model)
+
+
+def test_custom_domain_operator_is_unsupported():
+    node = helper.make_node("FusedThing", ["input"], ["output"], domain="com.example", name="n0")
+    graph = helper.make_graph([node], "g", [tensor("input", [2])], [tensor("output", [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedOperator, match="from domain com.example"):
+        frontend.check_operators(model)
+
+
+def test_model_without_inputs():
+    value = np.ones((2,), "float32")
+    node = helper.make_node("Constant", [], ["output"], value=onnx.numpy_helper.from_array(value))
+    model = make_model([node], [], [tensor("output", [2])], {})
+    with pytest.raises(ModelLoadError, match="no inputs"):
+        tvmsched.compile(model)
+
+
+def test_unbound_dynamic_dims(branchy_model):
+    with pytest.raises(ShapeBindingError, match="dynamic dim 0 .*--batch N"):
+        frontend.bind_input_shapes(branchy_model)
+    node = helper.make_node("Relu", ["input"], ["output"])
+    model = make_model([node], [tensor("input", [1, "height"])], [tensor("output", [1, "height"])], {})
+    with pytest.raises(ShapeBindingError, match="dynamic dim 1 .*--input-shape input:NxN"):
+        frontend.bind_input_shapes(model, batch=1)
+
+
+def test_shape_binding_by_batch_and_by_name(branchy_model):
+    assert frontend.bind_input_shapes(branchy_model, batch=4)[0].shape == (4, 3, 8, 8)
+    specs = frontend.bind_input_shapes(branchy_model, input_shapes={"input": (2, 3, 16, 16)})
+    assert specs == [frontend.TensorSpec("input", (2, 3, 16, 16), "float32")]
+    with pytest.raises(ShapeBindingError, match="model's inputs are input"):
+        frontend.bind_input_shapes(branchy_model, input_shapes={"image": (1, 3, 8, 8)})
+    with pytest.raises(ShapeBindingError, match="rank 4"):
+        frontend.bind_input_shapes(branchy_model, input_shapes={"input": (1, 3)})
+    with pytest.raises(ShapeBindingError, match="positive"):
+        frontend.bind_input_shapes(branchy_model, batch=0)
+
+
+@pytest.mark.parametrize("text, expected", [("input:1x3x224x224", ("input", (1, 3, 224, 224))),
+                                            ("a:b:2X5", ("a:b", (2, 5)))])
+def test_parse_input_shape(text, expected):
+    assert frontend.parse_input_shape(text) == expected
+
+
+@pytest.mark.parametrize("text", ["input", "input:", "input:1xfoo", ":1x2", "input:0x3"])
+def test_parse_input_shape_rejects(text):
+    with pytest.raises(ShapeBindingError, match="NAME:1x3x224x224"):
+        frontend.parse_input_shape(text)
+
+
+def test_unknown_model_name():
+    with pytest.raises(UnknownModel, match="neither a file nor a zoo model"):
+        tvmsched.compile("not_a_model")

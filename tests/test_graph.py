@@ -1,0 +1,87 @@
+"""KernelGraph extraction invariants, JSON round trip and content hash; ExecutionPlan validation."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tvmsched import frontend
+from tvmsched.errors import GraphError
+from tvmsched.graph import KernelGraph, extract
+from tvmsched.lower import lower
+from tvmsched.plan import ExecutionPlan, Launch, sequential_plan
+
+
+def graph_of(model, batch=1):
+    inputs = frontend.bind_input_shapes(model, batch=batch)
+    return extract(lower(frontend.to_relax(model, inputs)), [spec.name for spec in inputs])
+
+
+def check_invariants(graph: KernelGraph, constants) -> None:
+    """Ids are topological, every kernel input is produced earlier or is an input/constant."""
+    graph_inputs = {tensor.name for tensor in graph.inputs}
+    assert [kernel.id for kernel in graph.kernels] == list(range(len(graph.kernels)))
+    assert set(constants) == {tensor.name for tensor in graph.constants}
+    for kernel in graph.kernels:
+        assert kernel.outputs and all(out.producer == kernel.id for out in kernel.outputs)
+        for tensor in kernel.inputs:
+            if tensor.kind == "kernel":
+                assert tensor.producer < kernel.id
+                assert graph.kernels[tensor.producer].outputs[tensor.index] == tensor
+            elif tensor.kind == "constant":
+                assert constants[tensor.name].shape == tensor.shape
+            else:
+                assert tensor.kind == "input" and tensor.name in graph_inputs
+        assert kernel.bytes == sum(t.nbytes for t in kernel.inputs + kernel.outputs)
+        assert kernel.flops >= 0 and kernel.op_kinds
+
+
+def test_branchy_graph(branchy_model):
+    graph, constants = graph_of(branchy_model)
+    check_invariants(graph, constants)
+    convs = [kernel for kernel in graph.kernels if "conv2d" in kernel.op_kinds]
+    assert len(convs) == 2
+    assert all(kernel.flops > 0 for kernel in convs)
+    assert any(len(kernel.outputs) == 2 or "split" in kernel.op_kinds for kernel in graph.kernels)
+    assert graph.outputs[0].shape == (1, 8, 4, 4)
+
+
+def test_output_can_be_a_graph_input(two_io_model):
+    graph, constants = graph_of(two_io_model)
+    check_invariants(graph, constants)
+    assert [tensor.kind for tensor in graph.outputs] == ["kernel", "input"]
+
+
+def test_json_round_trip_and_stable_hash(branchy_model):
+    graph, _ = graph_of(branchy_model)
+    again = KernelGraph.from_json(json.loads(json.dumps(graph.to_json())))
+    assert again == graph and again.hash == graph.hash
+    assert graph_of(branchy_model)[0].hash == graph.hash
+    assert graph_of(branchy_model, batch=2)[0].hash != graph.hash
+
+
+def test_graph_schema_mismatch_is_refused(branchy_model):
+    data = graph_of(branchy_model)[0].to_json()
+    data["schema"] = 99
+    with pytest.raises(GraphError, match="schema 99"):
+        KernelGraph.from_json(data)
+
+
+def test_plan_validation(branchy_model):
+    graph, _ = graph_of(branchy_model)
+    plan = sequential_plan(graph)
+    plan.validate(graph)
+    assert ExecutionPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    consumer = next(kernel for kernel in graph.kernels if graph.dependencies(kernel.id))
+    producer = min(graph.dependencies(consumer.id))
+    order = [launch.kernel for launch in plan.launches]
+    order.remove(consumer.id)
+    order.insert(order.index(producer), consumer.id)
+    with pytest.raises(GraphError, match="without waiting for its inputs"):
+        replace(plan, launches=tuple(Launch(k) for k in order)).validate(graph)
+    with pytest.raises(GraphError, match=r"repeated \[0\]"):
+        replace(plan, launches=plan.launches + plan.launches[:1]).validate(graph)
+    with pytest.raises(GraphError, match=r"missing \[\d+\]"):
+        replace(plan, launches=plan.launches[:-1]).validate(graph)
+    with pytest.raises(GraphError, match="made for graph"):
+        replace(plan, graph_hash="0" * 16).validate(graph)

@@ -1,0 +1,117 @@
+"""ExecutionPlan waits and buffer plan, checked against a brute-force race checker on random DAGs and
+random stream assignments, and the stream assigners' plans."""
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from synthetic import random_graph, random_order
+
+from tvmsched.errors import GraphError
+from tvmsched.memory import MemoryPlan
+from tvmsched.plan import HappensBefore, make_plan
+from tvmsched.schedule import SCHEDULERS, create_scheduler
+
+
+def closure(plan) -> set[tuple[int, int]]:
+    """All (a, b) with a complete before b starts: stream order plus waits, transitively (brute force)."""
+    edges = set()
+    last_on_stream = {}
+    for launch in plan.launches:
+        if launch.stream in last_on_stream:
+            edges.add((last_on_stream[launch.stream], launch.kernel))
+        last_on_stream[launch.stream] = launch.kernel
+        edges.update((producer, launch.kernel) for producer in launch.waits)
+    kernels = [launch.kernel for launch in plan.launches]
+    reach = {kernel: {b for a, b in edges if a == kernel} for kernel in kernels}
+    for middle, first in itertools.product(kernels, kernels):  # Floyd–Warshall, middle loop outermost
+        if middle in reach[first]:
+            reach[first] |= reach[middle]
+    return {(a, b) for a in kernels for b in reach[a]}
+
+
+def assert_race_free(graph, plan) -> None:
+    ordered = closure(plan)
+    for kernel in graph.kernels:
+        for producer in graph.dependencies(kernel.id):
+            assert (producer, kernel.id) in ordered, f"kernel {kernel.id} may read {producer} early"
+    users = {}
+    for kernel in graph.kernels:
+        for tensor in kernel.outputs:
+            users.setdefault(tensor.name, set()).add(kernel.id)
+        for tensor in kernel.inputs:
+            users.setdefault(tensor.name, set()).add(kernel.id)
+    writer = {tensor.name: kernel.id for kernel in graph.kernels for tensor in kernel.outputs}
+    by_buffer = {}
+    for name, buffer in plan.memory.tensor_buffers.items():
+        by_buffer.setdefault(buffer, []).append(name)
+    outputs = {tensor.name for tensor in graph.outputs}
+    for names in by_buffer.values():
+        assert len(names) == 1 or not outputs & set(names), "a graph output shares its buffer"
+        for first, second in itertools.combinations(names, 2):
+            before = all((user, writer[second]) in ordered for user in users[first])
+            after = all((user, writer[first]) in ordered for user in users[second])
+            assert before or after, f"'{first}' and '{second}' share a buffer while both may be live"
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_plans_are_race_free(seed):
+    graph = random_graph(num_kernels=4 + seed % 17, seed=seed)
+    plan = make_plan(graph, random_order(graph, num_streams=1 + seed % 4, seed=seed + 1000), "random")
+    assert_race_free(graph, plan)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_every_wait_is_needed(seed):
+    graph = random_graph(num_kernels=20, seed=seed)
+    plan = make_plan(graph, random_order(graph, 3, seed=seed), "random")
+    assert any(launch.waits for launch in plan.launches)
+    for position, launch in enumerate(plan.launches):
+        for producer in launch.waits:
+            fewer = replace(launch, waits=tuple(p for p in launch.waits if p != producer))
+            launches = list(plan.launches)
+            launches[position] = fewer
+            broken = replace(plan, launches=tuple(launches))
+            with pytest.raises(GraphError, match="without waiting"):
+                broken.validate(graph)
+            with pytest.raises(AssertionError):
+                assert_race_free(graph, broken)
+
+
+def test_checkers_catch_a_shared_buffer():
+    graph = random_graph(num_kernels=20, seed=2)
+    plan = make_plan(graph, random_order(graph, 3, seed=2), "random")
+    outputs = {tensor.name for tensor in graph.outputs}
+    buffers = {name: 0 if name not in outputs else 1 + index
+               for index, name in enumerate(plan.memory.tensor_buffers)}
+    size = max(plan.memory.buffer_sizes)
+    shared = MemoryPlan((size,) * (1 + len(buffers)), buffers)
+    with pytest.raises(GraphError, match="share buffer"):
+        shared.validate(graph, HappensBefore(plan.launches))
+    with pytest.raises(AssertionError):
+        assert_race_free(graph, replace(plan, memory=shared))
+
+
+def test_memory_is_reused_on_one_stream():
+    graph = random_graph(num_kernels=40, seed=9, max_inputs=1)
+    plan = make_plan(graph, [(kernel.id, 0) for kernel in graph.kernels], "sequential")
+    total = sum(tensor.nbytes for kernel in graph.kernels for tensor in kernel.outputs)
+    assert plan.memory.activation_bytes < total
+    assert_race_free(graph, plan)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("streams", [1, 2, 8])
+def test_schedulers_make_valid_race_free_plans(name, streams):
+    for seed in range(10):
+        graph = random_graph(num_kernels=30, seed=seed)
+        order = create_scheduler(name, max_streams=streams).order(graph)
+        plan = make_plan(graph, order, name)
+        assert plan.num_streams <= streams
+        assert_race_free(graph, plan)
+
+
+def test_chains_uses_parallel_streams_for_parallel_branches():
+    graph = random_graph(num_kernels=30, seed=1)
+    plan = make_plan(graph, create_scheduler("chains", max_streams=4).order(graph), "chains")
+    assert plan.num_streams > 1

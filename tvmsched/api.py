@@ -1,0 +1,291 @@
+"""The Python API: `compile` a model into a `CompiledModel`, run it, benchmark it, `save` and `load` it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import tvm
+
+from tvmsched import frontend, zoo
+from tvmsched.codegen import build_library
+from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel
+from tvmsched.executor import create_executor
+from tvmsched.frontend import TensorSpec
+from tvmsched.graph import KernelGraph, extract
+from tvmsched.lower import kernel_module, lower
+from tvmsched.plan import ExecutionPlan, make_plan
+from tvmsched.schedule import create_scheduler
+from tvmsched.target import (
+    TargetSpec,
+    default_executor,
+    device_for,
+    device_name,
+    resolve_target,
+    target_device_name,
+)
+
+META_SCHEMA = 1
+BINARY_ARTIFACTS = ("model.so", "constants.npz")
+ARTIFACTS = (*BINARY_ARTIFACTS, "graph.json", "plan.json", "meta.json")
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What a build was made for: its inputs and outputs, target, device and versions."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    target: TargetSpec
+    tvm_version: str
+
+    def to_json(self) -> dict:
+        return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
+                "outputs": [spec.to_json() for spec in self.outputs], "target": self.target.to_json(),
+                "tvm_version": self.tvm_version}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelMeta:
+        if data.get("schema") != META_SCHEMA:
+            raise ArtifactError(f"meta.json schema {data.get('schema')} is not {META_SCHEMA}; rebuild")
+        return cls(tuple(TensorSpec.from_json(spec) for spec in data["inputs"]),
+                   tuple(TensorSpec.from_json(spec) for spec in data["outputs"]),
+                   TargetSpec.from_json(data["target"]), data["tvm_version"])
+
+
+def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
+    """An ONNX model from a ModelProto, an .onnx path, or a zoo model name (built at `batch`, default 1)."""
+    if isinstance(model, str) and model in zoo.MODELS:
+        return zoo.build(model, batch=batch or 1)
+    if isinstance(model, str) and not Path(model).exists() and not model.endswith(".onnx"):
+        raise UnknownModel(f"'{model}' is neither a file nor a zoo model; zoo models: "
+                           f"{', '.join(zoo.list_models())}")
+    return frontend.load_model(model)
+
+
+def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: int | None = None,
+            input_shapes: dict[str, tuple[int, ...]] | None = None, schedule: str = "sequential",
+            max_streams: int = 8, executor: str | None = None,
+            progress: Callable[[str], None] = lambda stage: None) -> CompiledModel:
+    """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
+    `schedule` onto at most `max_streams` streams; `executor` defaults to the target's best.
+
+    `progress` is called with the name of each stage as it starts.
+    """
+    spec = resolve_target(target)
+    progress("loading the model")
+    proto = model_proto(model, batch)
+    inputs = frontend.bind_input_shapes(proto, batch, input_shapes)
+    progress("importing ONNX into Relax")
+    relax_module = frontend.to_relax(proto, inputs)
+    progress("lowering and fusing")
+    lowered = lower(relax_module)
+    graph, constants = extract(lowered, [spec.name for spec in inputs])
+    progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
+    library = build_library(kernel_module(lowered), spec)
+    output_names = [value.name for value in proto.graph.output]
+    outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
+                    for name, tensor in zip(output_names, graph.outputs))
+    meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__)
+    progress(f"scheduling ({schedule})")
+    context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
+    plan = schedule_graph(graph, schedule, max_streams, context)
+    return CompiledModel(library, graph, plan, constants, meta, executor)
+
+
+def schedule_graph(graph: KernelGraph, schedule: str, max_streams: int, context: dict) -> ExecutionPlan:
+    """The validated ExecutionPlan of `graph` under scheduler `schedule`."""
+    order = create_scheduler(schedule, max_streams=max_streams).order(graph)
+    return make_plan(graph, order, schedule, context)
+
+
+class CompiledModel:
+    """A compiled model: call it with numpy arrays to run one inference on its target's device.
+
+    Calls from several threads are serialized by a lock, since they share the device buffers.
+    """
+
+    def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan, constants: dict[str, np.ndarray],
+                 meta: ModelMeta, executor: str | None = None):
+        self.library = library
+        self.graph = graph
+        self.plan = plan
+        self.constants = constants
+        self.meta = meta
+        self.executor_name = executor or default_executor(meta.target)
+        self._executor = None
+        self._lock = threading.Lock()
+
+    def reschedule(self, schedule: str, max_streams: int = 8, executor: str | None = None) -> CompiledModel:
+        """The same compiled kernels under another schedule and executor (nothing is recompiled)."""
+        plan = schedule_graph(self.graph, schedule, max_streams, self.plan.context)
+        return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor)
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.meta.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.meta.outputs
+
+    @property
+    def executor(self):
+        """The executor, created on first use (a cross-compiled build never needs a device)."""
+        if self._executor is None:
+            self._executor = create_executor(self.executor_name, self.library, self.graph, self.plan,
+                                             self.constants, device_for(self.meta.target))
+        return self._executor
+
+    def __call__(self, *args: np.ndarray, **kwargs: np.ndarray) -> np.ndarray | list[np.ndarray]:
+        """Run with positional arrays, one dict of arrays, or keyword arrays; one output → one array."""
+        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+            named = args[0]
+        elif args and kwargs:
+            raise InputError("pass inputs either positionally or by name, not both")
+        elif args:
+            if len(args) != len(self.inputs):
+                raise InputError(f"the model takes {len(self.inputs)} inputs "
+                                 f"({', '.join(spec.name for spec in self.inputs)}), got {len(args)}")
+            named = {spec.name: value for spec, value in zip(self.inputs, args)}
+        else:
+            named = kwargs
+        outputs = self.run(named)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one inference; inputs by name, outputs in the model's output order."""
+        arrays = self.check_inputs(inputs)
+        with self._lock:
+            return self.executor.run(arrays)
+
+    def check_inputs(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The inputs in order as contiguous arrays; raises InputError naming any mismatch."""
+        expected = [spec.name for spec in self.inputs]
+        unknown = sorted(set(inputs) - set(expected))
+        missing = [name for name in expected if name not in inputs]
+        if unknown or missing:
+            problem = f"unknown: {', '.join(unknown)}" if unknown else f"missing: {', '.join(missing)}"
+            raise InputError(f"the model's inputs are {', '.join(expected)}; {problem}")
+        arrays = []
+        for spec in self.inputs:
+            value = np.asarray(inputs[spec.name])
+            if value.shape != spec.shape:
+                raise InputError(f"input '{spec.name}' must have shape {_dims(spec.shape)}, got "
+                                 f"{_dims(value.shape)}; rebuild with --batch / --input-shape for another "
+                                 f"shape")
+            if value.dtype != np.dtype(spec.dtype):
+                raise InputError(f"input '{spec.name}' must be {spec.dtype}, got {value.dtype}; "
+                                 f"convert it with .astype('{spec.dtype}')")
+            arrays.append(np.ascontiguousarray(value))
+        return arrays
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Standard-normal inputs of the right shapes and dtypes."""
+        rng = np.random.default_rng(seed)
+        return {spec.name: rng.standard_normal(spec.shape).astype(spec.dtype) for spec in self.inputs}
+
+    def benchmark(self, warmup: int = 10, repeat: int = 50) -> dict:
+        """Median, min and max milliseconds of `repeat` inferences after `warmup` ones, inputs already on
+        the device (CUDA events on GPU executors with streams, the host clock otherwise)."""
+        with self._lock:
+            executor = self.executor
+            executor.run(self.check_inputs(self.random_inputs()))
+            executor.time_launches(warmup)
+            times = executor.time_launches(repeat)
+        return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+                "repeat": repeat, "warmup": warmup, "executor": self.executor_name,
+                "device": device_name(self.meta.target)}
+
+    def save(self, directory: str | Path) -> Path:
+        """Write model.so, graph.json, plan.json, constants.npz, then meta.json with their digests."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.library.export_library(str(directory / "model.so"))
+        np.savez(directory / "constants.npz", **self.constants)
+        for name, data in (("graph.json", self.graph.to_json()), ("plan.json", self.plan.to_json())):
+            (directory / name).write_text(json.dumps(data, indent=1))
+        digests = {name: _sha256(directory / name) for name in BINARY_ARTIFACTS}
+        meta = {**self.meta.to_json(), "digests": digests}
+        (directory / "meta.json").write_text(json.dumps(meta, indent=1))
+        return directory
+
+
+def load(directory: str | Path, executor: str | None = None, batch: int | None = None,
+         force: bool = False) -> CompiledModel:
+    """Load a saved build. Refuses, unless `force`, one made by another TVM version or for another GPU
+    than this machine's; always refuses one made for another `batch` (when given): rebuild for that."""
+    directory = Path(directory)
+    missing = [name for name in ARTIFACTS if not (directory / name).is_file()]
+    if missing:
+        raise ArtifactError(f"'{directory}' is not a tvmsched build (missing {', '.join(missing)}); "
+                            f"create one with: tvmsched build MODEL -o {directory}")
+    meta_json = _read_json(directory / "meta.json")
+    meta = ModelMeta.from_json(meta_json)
+    if meta.tvm_version != tvm.__version__ and not force:
+        raise ArtifactError(f"'{directory}' was built with TVM {meta.tvm_version}, this is TVM "
+                            f"{tvm.__version__}; rebuild it (or load with force=True / --force)")
+    for name in BINARY_ARTIFACTS:  # a truncated library would crash dlopen: check before loading
+        if _sha256(directory / name) != meta_json.get("digests", {}).get(name):
+            raise ArtifactError(f"'{directory / name}' is corrupt or was replaced (its digest differs from "
+                                f"meta.json); rebuild the model")
+    graph = KernelGraph.from_json(_read_json(directory / "graph.json"))
+    plan = ExecutionPlan.from_json(_read_json(directory / "plan.json"))
+    _check_plan_context(directory, plan, meta, batch, force)
+    try:
+        with np.load(directory / "constants.npz") as archive:
+            constants = {name: archive[name] for name in archive.files}
+        library = tvm.runtime.load_module(str(directory / "model.so"))
+    except Exception as error:  # zipfile, numpy and TVM each raise their own types for a broken file
+        raise ArtifactError(f"'{directory}' has a corrupt file ({type(error).__name__}: {error}); "
+                            f"rebuild it") from error
+    if meta.target.kind == "cuda" and not tvm.cuda(0).exist:
+        raise TargetError(f"'{directory}' was built for CUDA ({meta.target.key}) and no CUDA device is "
+                          f"present; rebuild with --target llvm to run on the CPU")
+    return CompiledModel(library, graph, plan, constants, meta, executor)
+
+
+def _check_plan_context(directory: Path, plan: ExecutionPlan, meta: ModelMeta, batch: int | None,
+                        force: bool) -> None:
+    """Refuse a plan made for another batch, or (unless forced) for another GPU than the local one."""
+    planned_batch = plan.context.get("batch")
+    if batch is not None and planned_batch != batch:
+        raise ArtifactError(f"'{directory}' was built for batch {planned_batch}, not {batch}; rebuild with "
+                            f"--batch {batch} (plans are specialized per batch)")
+    if meta.target.kind == "cuda" and tvm.cuda(0).exist and not force:
+        local = resolve_target("cuda").key
+        if plan.context.get("target") != local:
+            raise ArtifactError(f"'{directory}' was built and scheduled for {plan.context.get('target')} "
+                                f"({plan.context.get('device')}), but this GPU is {local}; rebuild it here "
+                                f"(or load with force=True / --force)")
+
+
+def _batch(inputs: list[TensorSpec]) -> int:
+    """The batch size a build is specialized for: dim 0 of the first input (1 for a scalar input)."""
+    return inputs[0].shape[0] if inputs[0].shape else 1
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"'{path}' is corrupt ({error}); rebuild the model") from error
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _dims(shape) -> str:
+    return "x".join(str(dim) for dim in shape) or "scalar"

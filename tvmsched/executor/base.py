@@ -1,0 +1,87 @@
+"""The Executor interface, the registry of executors, and the device buffers every executor needs."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+
+import numpy as np
+import tvm
+
+from tvmsched.errors import TargetError
+from tvmsched.graph import KernelGraph
+from tvmsched.plan import ExecutionPlan
+
+EXECUTORS: dict[str, type[Executor]] = {}
+
+
+def register_executor(name: str):
+    """Class decorator: make an Executor available as `name`."""
+    def register(cls: type[Executor]) -> type[Executor]:
+        EXECUTORS[name] = cls
+        cls.name = name
+        return cls
+    return register
+
+
+def create_executor(name: str, library, graph: KernelGraph, plan: ExecutionPlan,
+                    constants: dict[str, np.ndarray], device: tvm.runtime.Device) -> Executor:
+    if name not in EXECUTORS:
+        raise TargetError(f"unknown executor '{name}'; available: {', '.join(sorted(EXECUTORS))}")
+    plan.validate(graph)
+    return EXECUTORS[name](library, graph, plan, constants, device)
+
+
+class Executor(ABC):
+    """Runs one inference of `graph` by `plan`: inputs in, outputs out, as numpy arrays.
+
+    Every tensor lives in a device buffer made once at construction (kernel outputs in the plan's pooled
+    buffers); `run` copies the inputs into their buffers, launches the kernels and copies the outputs back.
+    """
+
+    name = "executor"
+
+    def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan, constants: dict[str, np.ndarray],
+                 device: tvm.runtime.Device):
+        self.graph = graph
+        self.plan = plan
+        self.device = device
+        self.buffers: dict[str, tvm.runtime.Tensor] = {
+            name: tvm.runtime.tensor(value, device) for name, value in constants.items()}
+        for tensor in graph.inputs:
+            self.buffers[tensor.name] = tvm.runtime.empty(tensor.shape, tensor.dtype, device)
+        pool = [tvm.runtime.empty((size,), "uint8", device) for size in plan.memory.buffer_sizes]
+        for kernel in graph.kernels:
+            for tensor in kernel.outputs:
+                buffer = pool[plan.memory.tensor_buffers[tensor.name]]
+                self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
+        self.functions = {symbol: library[symbol] for symbol in {kernel.symbol for kernel in graph.kernels}}
+
+    def kernel_arguments(self, kernel_id: int) -> list[tvm.runtime.Tensor]:
+        kernel = self.graph.kernels[kernel_id]
+        return [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        for tensor, value in zip(self.graph.inputs, inputs):
+            self.buffers[tensor.name].copyfrom(value)
+        self.launch()
+        self.synchronize()
+        return [self.buffers[tensor.name].numpy() for tensor in self.graph.outputs]
+
+    @abstractmethod
+    def launch(self) -> None:
+        """Issue every kernel of the plan once (asynchronously on GPU)."""
+
+    def synchronize(self) -> None:
+        """Wait until everything `launch` issued has completed."""
+        self.device.sync()
+
+    def time_launches(self, repeat: int) -> list[float]:
+        """Milliseconds of each of `repeat` inferences (host clock around launch and synchronize)."""
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.launch()
+            self.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        return times

@@ -1,0 +1,226 @@
+"""KernelGraph: the fused kernels of a lowered model as plain data, shared by every later stage.
+
+Nodes are kernels (one `call_tir` each) with their input and output tensors, FLOPs and bytes estimates;
+edges are the tensors between them. Ids follow the program order, which is a topological order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.s_tir.analysis import estimate_tir_flops
+
+from tvmsched.errors import GraphError
+from tvmsched.lower import LoweredModule, is_call_tir
+
+SCHEMA = 1
+TENSOR_KINDS = ("input", "param", "constant", "kernel")
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A tensor: a graph input, a constant (weights), or output `index` of kernel `producer`."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str
+    producer: int | None = None
+    index: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "kind": self.kind,
+                "producer": self.producer, "index": self.index}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TensorRef:
+        return cls(data["name"], tuple(data["shape"]), data["dtype"], data["kind"], data["producer"],
+                   data["index"])
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One fused kernel: the PrimFunc `symbol` applied to `inputs`, writing `outputs`."""
+
+    id: int
+    symbol: str
+    workload: str
+    inputs: tuple[TensorRef, ...]
+    outputs: tuple[TensorRef, ...]
+    flops: int
+    bytes: int
+    op_kinds: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "symbol": self.symbol, "workload": self.workload,
+                "inputs": [tensor.to_json() for tensor in self.inputs],
+                "outputs": [tensor.to_json() for tensor in self.outputs],
+                "flops": self.flops, "bytes": self.bytes, "op_kinds": list(self.op_kinds)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Kernel:
+        return cls(data["id"], data["symbol"], data["workload"],
+                   tuple(TensorRef.from_json(tensor) for tensor in data["inputs"]),
+                   tuple(TensorRef.from_json(tensor) for tensor in data["outputs"]),
+                   data["flops"], data["bytes"], tuple(data["op_kinds"]))
+
+
+@dataclass(frozen=True)
+class KernelGraph:
+    """The kernels in topological order, the graph's inputs and outputs, and its constants' specs."""
+
+    kernels: tuple[Kernel, ...]
+    inputs: tuple[TensorRef, ...]
+    outputs: tuple[TensorRef, ...]
+    constants: tuple[TensorRef, ...]
+
+    @cached_property
+    def hash(self) -> str:
+        """Content hash of structure, shapes and kernel workloads (not constant values)."""
+        payload = json.dumps(self.to_json(), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()[:16]
+
+    def dependencies(self, kernel_id: int) -> set[int]:
+        """Ids of the kernels whose outputs `kernel_id` reads."""
+        return {tensor.producer for tensor in self.kernels[kernel_id].inputs if tensor.kind == "kernel"}
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "kernels": [kernel.to_json() for kernel in self.kernels],
+                "inputs": [tensor.to_json() for tensor in self.inputs],
+                "outputs": [tensor.to_json() for tensor in self.outputs],
+                "constants": [tensor.to_json() for tensor in self.constants]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> KernelGraph:
+        if data.get("schema") != SCHEMA:
+            raise GraphError(f"kernel graph schema {data.get('schema')} is not {SCHEMA}; rebuild the model")
+        return cls(tuple(Kernel.from_json(kernel) for kernel in data["kernels"]),
+                   tuple(TensorRef.from_json(tensor) for tensor in data["inputs"]),
+                   tuple(TensorRef.from_json(tensor) for tensor in data["outputs"]),
+                   tuple(TensorRef.from_json(tensor) for tensor in data["constants"]))
+
+
+def extract(lowered: LoweredModule, input_names: list[str]) -> tuple[KernelGraph, dict[str, np.ndarray]]:
+    """Build the KernelGraph of `lowered.module["main"]`, and the values of its constants by name."""
+    return _Extractor(lowered, input_names).run()
+
+
+class _Extractor:
+    """Walks `main`'s bindings once, resolving aliases, tuples and constants to the tensors they are."""
+
+    def __init__(self, lowered: LoweredModule, input_names: list[str]):
+        self.lowered = lowered
+        self.main = lowered.module["main"]
+        if len(input_names) != len(self.main.params):
+            raise GraphError(f"main takes {len(self.main.params)} inputs but {len(input_names)} names given")
+        self.input_names = input_names
+        self.env: dict = {}
+        self.kernels: list[Kernel] = []
+        self.constants: dict[str, tuple[TensorRef, np.ndarray]] = {}
+        self.constant_names: dict = {}
+        self.function_info: dict[str, tuple[str, int]] = {}
+
+    def run(self) -> tuple[KernelGraph, dict[str, np.ndarray]]:
+        inputs = []
+        for name, param in zip(self.input_names, self.main.params):
+            shape, dtype = _tensor_type(param.ty, name)
+            self.env[param] = TensorRef(name, shape, dtype, "input")
+            inputs.append(self.env[param])
+        body = self.main.body
+        for block in body.blocks:
+            for binding in block.bindings:
+                if not isinstance(binding, relax.VarBinding):
+                    raise GraphError(f"binding '{binding.var.name}' is a match_cast; the model must have "
+                                     f"static shapes (bind inputs with --batch / --input-shape)")
+                self.env[binding.var] = self._bind(binding.var, binding.value)
+        outputs = self._flatten(self._resolve(body.body, "the return value"))
+        graph = KernelGraph(tuple(self.kernels), tuple(inputs), tuple(outputs),
+                            tuple(ref for ref, _ in self.constants.values()))
+        return graph, {name: value for name, (_, value) in self.constants.items()}
+
+    def _bind(self, var, value):
+        if is_call_tir(value):
+            return self._kernel(var, value)
+        if isinstance(value, relax.Var | tvm.ir.Constant | relax.Tuple | relax.TupleGetItem):
+            return self._resolve(value, var.name)
+        op = getattr(value.op, "name", type(value.op).__name__) if isinstance(value, relax.Call) else ""
+        raise GraphError(f"binding '{var.name}' is a {type(value).__name__} {op}; the kernel graph holds "
+                         f"only call_tir kernels (an operator the lowering pipeline did not legalize)")
+
+    def _resolve(self, expr, where: str):
+        """The TensorRef (or tuple of them) an expression denotes."""
+        if isinstance(expr, relax.Var):
+            return self.env[expr]
+        if isinstance(expr, tvm.ir.Constant):
+            return self._constant(expr)
+        if isinstance(expr, relax.Tuple):
+            return tuple(self._resolve(field, where) for field in expr.fields)
+        if isinstance(expr, relax.TupleGetItem):
+            return self._resolve(expr.tuple_value, where)[expr.index]
+        raise GraphError(f"{where} is a {type(expr).__name__}, which the kernel graph cannot represent")
+
+    def _constant(self, constant) -> TensorRef:
+        for known, name in self.constant_names.items():
+            if known.same_as(constant):
+                return self.constants[name][0]
+        value = constant.value.numpy()
+        name = f"const{len(self.constants)}"
+        ref = TensorRef(name, tuple(value.shape), str(value.dtype), "constant")
+        self.constants[name] = (ref, value)
+        self.constant_names[constant] = name
+        return ref
+
+    def _kernel(self, var, call) -> TensorRef | tuple[TensorRef, ...]:
+        symbol = call.args[0].name_hint
+        if len(call.args) > 2:
+            raise GraphError(f"kernel '{var.name}' ({symbol}) takes symbolic shape arguments; bind every "
+                             f"input dimension statically")
+        inputs = tuple(self._flatten(self._resolve(arg, var.name)) for arg in call.args[1].fields)
+        inputs = tuple(ref for group in inputs for ref in group)
+        kernel_id = len(self.kernels)
+        types = var.ty.fields if isinstance(var.ty, relax.TupleType) else [var.ty]
+        outputs = []
+        for index, tensor_type in enumerate(types):
+            shape, dtype = _tensor_type(tensor_type, var.name)
+            name = f"k{kernel_id}" if len(types) == 1 else f"k{kernel_id}.{index}"
+            outputs.append(TensorRef(name, shape, dtype, "kernel", kernel_id, index))
+        workload, flops = self._function_info(symbol)
+        traffic = sum(ref.nbytes for ref in inputs) + sum(ref.nbytes for ref in outputs)
+        self.kernels.append(Kernel(kernel_id, symbol, workload, inputs, tuple(outputs), flops, traffic,
+                                   self.lowered.op_kinds.get(symbol, (symbol,))))
+        return outputs[0] if len(types) == 1 else tuple(outputs)
+
+    def _function_info(self, symbol: str) -> tuple[str, int]:
+        """(structural hash, estimated FLOPs) of a PrimFunc, computed once per symbol."""
+        if symbol not in self.function_info:
+            function = self.lowered.module[symbol]
+            workload = f"{tvm_ffi.structural_hash(function.without_attr('global_symbol')) & (2**64 - 1):016x}"
+            flops = int(estimate_tir_flops(tvm.IRModule({"main": function})))
+            self.function_info[symbol] = (workload, flops)
+        return self.function_info[symbol]
+
+    @staticmethod
+    def _flatten(value) -> list[TensorRef]:
+        if isinstance(value, TensorRef):
+            return [value]
+        return [ref for item in value for ref in _Extractor._flatten(item)]
+
+
+def _tensor_type(tensor_type, where: str) -> tuple[tuple[int, ...], str]:
+    try:
+        shape = tuple(int(dim) for dim in tensor_type.shape)
+    except (TypeError, ValueError, AttributeError) as error:
+        raise GraphError(f"'{where}' has a non-static type {tensor_type}; bind every input dimension "
+                         f"statically") from error
+    return shape, str(tensor_type.dtype)
