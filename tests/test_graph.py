@@ -9,7 +9,7 @@ from tvmsched import frontend
 from tvmsched.errors import GraphError
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import lower
-from tvmsched.plan import ExecutionPlan, Launch, sequential_plan
+from tvmsched.plan import ExecutionPlan, Launch, make_plan
 
 
 def graph_of(model, batch=1):
@@ -69,7 +69,7 @@ def test_graph_schema_mismatch_is_refused(branchy_model):
 
 def test_plan_validation(branchy_model):
     graph, _ = graph_of(branchy_model)
-    plan = sequential_plan(graph)
+    plan = make_plan(graph, [(kernel.id, 0) for kernel in graph.kernels], "sequential")
     plan.validate(graph)
     assert ExecutionPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
     consumer = next(kernel for kernel in graph.kernels if graph.dependencies(kernel.id))

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from synthetic import random_graph, random_order
 
+from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.errors import GraphError
 from tvmsched.memory import MemoryPlan
 from tvmsched.plan import HappensBefore, make_plan
@@ -105,13 +106,14 @@ def test_memory_is_reused_on_one_stream():
 def test_schedulers_make_valid_race_free_plans(name, streams):
     for seed in range(10):
         graph = random_graph(num_kernels=30, seed=seed)
-        order = create_scheduler(name, max_streams=streams).order(graph)
-        plan = make_plan(graph, order, name)
+        schedule = create_scheduler(name, max_streams=streams).schedule(graph, AnalyticCost(graph))
+        plan = make_plan(graph, list(schedule.order), name)
         assert plan.num_streams <= streams
         assert_race_free(graph, plan)
 
 
 def test_chains_uses_parallel_streams_for_parallel_branches():
     graph = random_graph(num_kernels=30, seed=1)
-    plan = make_plan(graph, create_scheduler("chains", max_streams=4).order(graph), "chains")
+    schedule = create_scheduler("chains", max_streams=4).schedule(graph, AnalyticCost(graph))
+    plan = make_plan(graph, list(schedule.order), "chains")
     assert plan.num_streams > 1

@@ -16,13 +16,15 @@ import tvm
 
 from tvmsched import frontend, zoo
 from tvmsched.codegen import build_library
+from tvmsched.cost import CostModel, create_cost_model
+from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel
 from tvmsched.executor import create_executor
 from tvmsched.frontend import TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import kernel_module, lower
 from tvmsched.plan import ExecutionPlan, make_plan
-from tvmsched.schedule import create_scheduler
+from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.target import (
     TargetSpec,
     default_executor,
@@ -72,10 +74,11 @@ def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -
 
 def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: int | None = None,
             input_shapes: dict[str, tuple[int, ...]] | None = None, schedule: str = "sequential",
-            max_streams: int = 8, executor: str | None = None,
-            progress: Callable[[str], None] = lambda stage: None) -> CompiledModel:
+            max_streams: int = 8, executor: str | None = None, cost: str | None = None,
+            progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
-    `schedule` onto at most `max_streams` streams; `executor` defaults to the target's best.
+    `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
+    `executor` defaults to the target's best.
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -94,16 +97,19 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))
     meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__)
-    progress(f"scheduling ({schedule})")
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
-    plan = schedule_graph(graph, schedule, max_streams, context)
-    return CompiledModel(library, graph, plan, constants, meta, executor)
+    sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
+    model = CompiledModel(library, graph, sequential, constants, meta, executor)
+    if schedule == "sequential":
+        return model
+    progress(f"scheduling ({schedule})")
+    return model.reschedule(schedule, max_streams, executor, cost, **schedule_options)
 
 
-def schedule_graph(graph: KernelGraph, schedule: str, max_streams: int, context: dict) -> ExecutionPlan:
-    """The validated ExecutionPlan of `graph` under scheduler `schedule`."""
-    order = create_scheduler(schedule, max_streams=max_streams).order(graph)
-    return make_plan(graph, order, schedule, context)
+def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: CostModel, context: dict) -> ExecutionPlan:
+    """The validated ExecutionPlan of what `scheduler` decides for `graph` with stage costs from `cost`."""
+    result = scheduler.schedule(graph, cost)
+    return make_plan(graph, list(result.order), scheduler.name, context, result.to_json())
 
 
 class CompiledModel:
@@ -123,10 +129,20 @@ class CompiledModel:
         self._executor = None
         self._lock = threading.Lock()
 
-    def reschedule(self, schedule: str, max_streams: int = 8, executor: str | None = None) -> CompiledModel:
-        """The same compiled kernels under another schedule and executor (nothing is recompiled)."""
-        plan = schedule_graph(self.graph, schedule, max_streams, self.plan.context)
+    def reschedule(self, schedule: str, max_streams: int = 8, executor: str | None = None,
+                   cost: str | None = None, **schedule_options) -> CompiledModel:
+        """The same compiled kernels under another schedule and executor (nothing is recompiled).
+
+        `cost` is the stage-latency source: `measured` (on the GPU, cached) or `analytic`; the default is
+        measured where this build's GPU is present, analytic otherwise.
+        """
+        scheduler = create_scheduler(schedule, max_streams=max_streams, **schedule_options)
+        plan = plan_schedule(self.graph, scheduler, self.cost_model(cost), self.plan.context)
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor)
+
+    def cost_model(self, name: str | None = None) -> CostModel:
+        """A stage-latency source for this model's graph (see `reschedule`)."""
+        return create_cost_model(name or "analytic", self.graph)
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:

@@ -34,6 +34,7 @@ class ExecutionPlan:
     launches: tuple[Launch, ...]
     memory: MemoryPlan
     context: dict = field(default_factory=dict)  # target key, device, batch: what the plan was made for
+    schedule: dict = field(default_factory=dict)  # the scheduler's stages and statistics, for people
 
     @property
     def num_streams(self) -> int:
@@ -62,7 +63,7 @@ class ExecutionPlan:
         return {"schema": SCHEMA, "graph_hash": self.graph_hash, "scheduler": self.scheduler,
                 **self.context, "num_streams": self.num_streams,
                 "launches": [[launch.kernel, launch.stream, list(launch.waits)] for launch in self.launches],
-                "memory": self.memory.to_json()}
+                "memory": self.memory.to_json(), "schedule": self.schedule}
 
     @classmethod
     def from_json(cls, data: dict) -> ExecutionPlan:
@@ -73,7 +74,8 @@ class ExecutionPlan:
                              for kernel, stream, waits in data["launches"])
             context = {key: data[key] for key in CONTEXT_KEYS if key in data}
             memory = MemoryPlan.from_json(data["memory"])
-            return cls(data["graph_hash"], data["scheduler"], launches, memory, context)
+            return cls(data["graph_hash"], data["scheduler"], launches, memory, context,
+                       data.get("schedule", {}))
         except (KeyError, TypeError, ValueError) as error:
             raise ArtifactError(f"plan.json is malformed ({type(error).__name__}: {error}); "
                                 f"rebuild the model") from error
@@ -150,15 +152,11 @@ def add_waits(graph: KernelGraph, order: list[tuple[int, int]]) -> tuple[Launch,
 
 
 def make_plan(graph: KernelGraph, order: list[tuple[int, int]], scheduler: str,
-              context: dict | None = None) -> ExecutionPlan:
+              context: dict | None = None, schedule: dict | None = None) -> ExecutionPlan:
     """The validated plan for a scheduler's (kernel, stream) issue order."""
     launches = add_waits(graph, order)
     memory = plan_memory(graph, HappensBefore(launches), launches)
-    plan = ExecutionPlan(graph.hash, scheduler, launches, memory, dict(context or {}))
+    plan = ExecutionPlan(graph.hash, scheduler, launches, memory, dict(context or {}), dict(schedule or {}))
     plan.validate(graph)
     return plan
 
-
-def sequential_plan(graph: KernelGraph, context: dict | None = None) -> ExecutionPlan:
-    """Every kernel in topological order on one stream: the baseline plan."""
-    return make_plan(graph, [(kernel.id, 0) for kernel in graph.kernels], "sequential", context)

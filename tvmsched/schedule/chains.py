@@ -2,13 +2,14 @@
 chain it can extend, otherwise starts a new stream while fewer than K exist, otherwise joins the stream
 whose chain ended longest ago (most likely idle)."""
 
+from tvmsched.cost import CostModel
 from tvmsched.graph import KernelGraph
-from tvmsched.schedule.base import Scheduler, register_scheduler
+from tvmsched.schedule.base import Schedule, Scheduler, register_scheduler
 
 
 @register_scheduler("chains")
 class ChainScheduler(Scheduler):
-    def order(self, graph: KernelGraph) -> list[tuple[int, int]]:
+    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
         stream_of: dict[int, int] = {}
         tail: list[int] = []  # the last kernel issued on each stream
         for kernel in graph.kernels:
@@ -23,4 +24,4 @@ class ChainScheduler(Scheduler):
                 stream = min(range(len(tail)), key=tail.__getitem__)
             stream_of[kernel.id] = stream
             tail[stream] = kernel.id
-        return [(kernel.id, stream_of[kernel.id]) for kernel in graph.kernels]
+        return Schedule(tuple((kernel.id, stream_of[kernel.id]) for kernel in graph.kernels))

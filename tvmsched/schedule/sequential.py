@@ -1,10 +1,11 @@
 """The sequential schedule: topological order on one stream, the baseline of every speedup."""
 
+from tvmsched.cost import CostModel
 from tvmsched.graph import KernelGraph
-from tvmsched.schedule.base import Scheduler, register_scheduler
+from tvmsched.schedule.base import Schedule, Scheduler, Stage, register_scheduler
 
 
 @register_scheduler("sequential")
 class SequentialScheduler(Scheduler):
-    def order(self, graph: KernelGraph) -> list[tuple[int, int]]:
-        return [(kernel.id, 0) for kernel in graph.kernels]
+    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
+        return Schedule.from_stages([Stage(((kernel.id,),)) for kernel in graph.kernels])

@@ -1,0 +1,100 @@
+"""The IOS dynamic-programming scheduler: optimal for its cost model against brute force on small DAGs,
+never worse than greedy or sequential on the zoo's graphs, and its plans valid and race-free."""
+
+import itertools
+
+import pytest
+from synthetic import random_graph
+from test_plan import assert_race_free
+
+from tvmsched.cost.analytic import AnalyticCost
+from tvmsched.plan import make_plan
+from tvmsched.schedule import create_scheduler
+from tvmsched.schedule.dp import blocks
+
+
+def brute_force(graph, cost, max_group_size, max_groups) -> float:
+    """Minimum total stage latency over every sequence of stages, enumerated forwards from the start:
+    a stage is any set of unscheduled kernels whose producers are scheduled or in the set, its groups the
+    set's connected components (bounded like the DP's)."""
+    kernels = [kernel.id for kernel in graph.kernels]
+    best = float("inf")
+
+    def groups_of(members):
+        groups = []
+        left = set(members)
+        while left:
+            component, frontier = set(), [min(left)]
+            while frontier:
+                kernel = frontier.pop()
+                if kernel in component:
+                    continue
+                component.add(kernel)
+                consumers = {k for k in members if kernel in graph.dependencies(k)}
+                neighbours = graph.dependencies(kernel) | consumers
+                frontier.extend(neighbours & left)
+            left -= component
+            groups.append(tuple(sorted(component)))
+        return tuple(sorted(groups))
+
+    def search(done: frozenset, total: float):
+        nonlocal best
+        if total >= best:
+            return
+        if len(done) == len(kernels):
+            best = total
+            return
+        todo = [kernel for kernel in kernels if kernel not in done]
+        for size in range(1, len(todo) + 1):
+            for members in itertools.combinations(todo, size):
+                chosen = set(members)
+                if any(not graph.dependencies(kernel) <= done | chosen for kernel in members):
+                    continue
+                groups = groups_of(members)
+                if len(groups) > max_groups or max(map(len, groups)) > max_group_size:
+                    continue
+                search(done | chosen, total + cost.stage_latency(groups))
+
+    search(frozenset(), 0.0)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_dp_equals_brute_force_on_small_dags(seed):
+    graph = random_graph(num_kernels=4 + seed % 5, seed=100 + seed, max_inputs=2)
+    cost = AnalyticCost(graph)
+    scheduler = create_scheduler("dp", max_streams=3, max_group_size=2, max_groups=3)
+    schedule = scheduler.schedule(graph, cost)
+    modeled = sum(cost.stage_latency(stage.groups) for stage in schedule.stages)
+    assert modeled == pytest.approx(schedule.stats["modeled_ms"])
+    assert modeled == pytest.approx(brute_force(graph, cost, 2, 3), rel=1e-9)
+    assert_race_free(graph, make_plan(graph, list(schedule.order), "dp"))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dp_never_worse_than_greedy_or_sequential_on_random_graphs(seed):
+    graph = random_graph(num_kernels=30, seed=seed)
+    cost = AnalyticCost(graph)
+    modeled = {}
+    for name in ("sequential", "greedy", "dp"):
+        schedule = create_scheduler(name, max_streams=8).schedule(graph, cost)
+        modeled[name] = sum(cost.stage_latency(stage.groups) for stage in schedule.stages)
+        plan = make_plan(graph, list(schedule.order), name)
+        assert plan.num_streams <= 8
+        assert_race_free(graph, plan)
+    assert modeled["dp"] <= modeled["greedy"] + 1e-12 and modeled["dp"] <= modeled["sequential"] + 1e-12
+
+
+def test_blocks_cut_at_kernels_every_path_crosses():
+    graph = random_graph(num_kernels=30, seed=4, max_inputs=1)
+    parts = blocks(graph)
+    assert sorted(kernel for part in parts for kernel in part) == list(range(30))
+    assert all(part == sorted(part) for part in parts)
+
+
+def test_state_budget_splits_blocks_and_stays_valid():
+    graph = random_graph(num_kernels=30, seed=8)
+    cost = AnalyticCost(graph)
+    small = create_scheduler("dp", max_states=16).schedule(graph, cost)
+    assert small.stats["blocks"] > create_scheduler("dp").schedule(graph, cost).stats["blocks"]
+    assert_race_free(graph, make_plan(graph, list(small.order), "dp"))

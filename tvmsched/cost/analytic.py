@@ -1,0 +1,46 @@
+"""The analytic cost model: a roofline per kernel and a simple concurrency model per stage.
+
+A kernel alone takes `launch + max(flops / peak, bytes / bandwidth) / utilization`, where utilization is
+the share of the GPU a kernel of its size keeps busy (small kernels leave SMs idle). Concurrent groups
+share the GPU: a stage lasts at least its longest group and at least its total busy work
+(Σ time × utilization), so running small kernels side by side pays and large ones gains nothing. Used on
+the CPU, in tests, and to prune before measuring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvmsched.cost.base import CostModel, register_cost_model
+from tvmsched.graph import KernelGraph
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """Throughputs of the modeled GPU (defaults: an H100 SXM in fp32 without tensor cores)."""
+
+    peak_flops: float = 60e12
+    bandwidth: float = 3.0e12
+    launch_ms: float = 0.003
+    saturating_flops: float = 2e8  # work a kernel needs to keep every SM busy
+    saturating_bytes: float = 2e7
+
+
+@register_cost_model("analytic")
+class AnalyticCost(CostModel):
+    def __init__(self, graph: KernelGraph, device: DeviceModel = DeviceModel()):
+        super().__init__(graph)
+        self.device = device
+        self.alone = [self._alone(kernel.flops, kernel.bytes) for kernel in graph.kernels]
+
+    def _alone(self, flops: int, traffic: int) -> tuple[float, float]:
+        """(milliseconds alone, utilization) of a kernel."""
+        device = self.device
+        utilization = min(1.0, max(flops / device.saturating_flops, traffic / device.saturating_bytes, 0.02))
+        work_ms = max(flops / device.peak_flops, traffic / device.bandwidth) * 1e3
+        return device.launch_ms + work_ms / utilization, utilization
+
+    def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:
+        longest = max(sum(self.alone[kernel][0] for kernel in group) for group in groups)
+        busy = sum(self.alone[kernel][0] * self.alone[kernel][1] for group in groups for kernel in group)
+        return max(longest, busy)

@@ -1,0 +1,42 @@
+"""The CostModel interface and its registry."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from tvmsched.errors import TvmschedError
+from tvmsched.graph import KernelGraph
+
+COST_MODELS: dict[str, type[CostModel]] = {}
+
+
+def register_cost_model(name: str):
+    """Class decorator: make a CostModel available as `name`."""
+    def register(cls: type[CostModel]) -> type[CostModel]:
+        COST_MODELS[name] = cls
+        cls.name = name
+        return cls
+    return register
+
+
+def create_cost_model(name: str, graph: KernelGraph, **options) -> CostModel:
+    if name not in COST_MODELS:
+        raise TvmschedError(f"unknown cost source '{name}'; available: {', '.join(sorted(COST_MODELS))}")
+    return COST_MODELS[name](graph, **options)
+
+
+class CostModel(ABC):
+    """Latency in milliseconds of stages of one graph: `groups` run concurrently, each in order."""
+
+    name = "cost"
+
+    def __init__(self, graph: KernelGraph):
+        self.graph = graph
+
+    @abstractmethod
+    def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:
+        """Milliseconds from the stage's start until its last kernel completes."""
+
+    def kernel_latency(self, kernel: int) -> float:
+        """Milliseconds of one kernel running alone."""
+        return self.stage_latency(((kernel,),))

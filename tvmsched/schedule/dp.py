@@ -1,0 +1,203 @@
+"""IOS dynamic programming (Ding et al., "IOS: Inter-Operator Scheduler for CNN Acceleration", MLSys'21).
+
+The graph is cut into blocks at kernels every path crosses; each block is scheduled on its own. Within a
+block, `cost[S]` for a set S of not-yet-scheduled kernels (closed under producers) is the minimum over
+ending sets E ⊆ S (closed under consumers within S) of `stage_latency(E) + cost[S − E]`. The stage E runs
+its weakly connected components as concurrent groups, each in topological order on one stream. Pruning:
+at most `max_group_size` kernels per group and `max_groups` groups per stage. Sets are bitmasks over the
+block's kernels and memoized. A block whose search exceeds `max_states` is split in two at its middle
+kernel (a prefix of a topological order is closed under producers) and each half is searched alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tvmsched.cost import CostModel
+from tvmsched.graph import KernelGraph
+from tvmsched.schedule.base import Schedule, Scheduler, SchedulerError, Stage, register_scheduler
+from tvmsched.schedule.greedy import GreedyScheduler
+
+
+class _TooManyStates(Exception):
+    pass
+
+
+@register_scheduler("dp")
+class DynamicProgrammingScheduler(Scheduler):
+    def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
+                 max_states: int = 4096, progress: Callable[[dict], None] | None = None):
+        super().__init__(max_streams)
+        if max_group_size < 1 or max_groups < 1:
+            raise SchedulerError("max_group_size and max_groups must be at least 1")
+        self.max_group_size = max_group_size
+        self.max_groups = min(max_groups, max_streams)
+        self.max_states = max_states
+        self.progress = progress
+
+    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
+        start = time.perf_counter()
+        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "modeled_ms": 0.0}
+        stages: list[Stage] = []
+        for block in blocks(graph):
+            stages.extend(self._block_stages(graph, block, cost))
+        self.stats["modeled_ms"] = _latency(stages, cost)
+        self.stats["search_s"] = round(time.perf_counter() - start, 3)
+        return Schedule.from_stages(stages, dict(self.stats))
+
+    def _block_stages(self, graph: KernelGraph, block: list[int], cost: CostModel) -> list[Stage]:
+        """The block's best stages: the search's, or greedy's where the search (split when too large)
+        found nothing better, so dp is never worse than greedy."""
+        try:
+            searched = _BlockSearch(graph, block, cost, self).run()
+            self.stats["blocks"] += 1
+        except _TooManyStates:
+            middle = len(block) // 2
+            searched = (self._block_stages(graph, block[:middle], cost)
+                        + self._block_stages(graph, block[middle:], cost))
+        greedy = GreedyScheduler(self.max_streams).stages(graph, block)
+        return min(searched, greedy, key=lambda stages: _latency(stages, cost))
+
+    def report(self) -> None:
+        if self.progress:
+            self.progress(dict(self.stats))
+
+
+class _BlockSearch:
+    """The memoized DP over one block's kernels (local bit i is kernel `block[i]`)."""
+
+    def __init__(self, graph: KernelGraph, block: list[int], cost: CostModel,
+                 scheduler: DynamicProgrammingScheduler):
+        self.block = block
+        self.cost = cost
+        self.scheduler = scheduler
+        local = {kernel: index for index, kernel in enumerate(block)}
+        self.producers = [0] * len(block)
+        self.consumers = [0] * len(block)
+        for index, kernel in enumerate(block):
+            for producer in graph.dependencies(kernel):
+                if producer in local:
+                    self.producers[index] |= 1 << local[producer]
+                    self.consumers[local[producer]] |= 1 << index
+        self.best: dict[int, tuple[float, int]] = {0: (0.0, 0)}
+        self.stage_costs: dict[int, tuple[float, tuple[tuple[int, ...], ...]] | None] = {}
+
+    def run(self) -> list[Stage]:
+        remaining = (1 << len(self.block)) - 1
+        self.solve(remaining)
+        stages = []
+        while remaining:
+            ending = self.best[remaining][1]
+            stages.append(Stage(self.stage_costs[ending][1]))
+            remaining &= ~ending
+        return stages[::-1]
+
+    def solve(self, remaining: int) -> float:
+        """Minimum latency of scheduling the kernels in `remaining` (memoized)."""
+        if remaining in self.best:
+            return self.best[remaining][0]
+        stats = self.scheduler.stats
+        stats["states"] += 1
+        if len(self.best) > self.scheduler.max_states:
+            raise _TooManyStates
+        best = (float("inf"), 0)
+        for ending in self.ending_sets(remaining):
+            stage = self.stage(ending)
+            if stage is None:
+                continue
+            total = stage[0] + self.solve(remaining & ~ending)
+            if total < best[0]:
+                best = (total, ending)
+        self.best[remaining] = best
+        if stats["states"] % 256 == 0:
+            self.scheduler.report()
+        return best[0]
+
+    def ending_sets(self, remaining: int):
+        """Non-empty subsets of `remaining` closed under consumers within it whose groups stay within
+        max_group_size (adding kernels only merges groups, so an oversized group prunes the branch)."""
+        members = [index for index in range(len(self.block) - 1, -1, -1) if remaining >> index & 1]
+        group_size = self.scheduler.max_group_size
+        limit = group_size * self.scheduler.max_groups
+
+        def extend(start: int, chosen: int, count: int):
+            """Every ending set that adds members at positions >= start (in reverse topological order a
+            member's consumers come first, so whether it may join is known when it is reached)."""
+            if chosen:
+                yield chosen
+            if count == limit:
+                return
+            for position in range(start, len(members)):
+                index = members[position]
+                grown = chosen | 1 << index
+                if ((self.consumers[index] & remaining) & ~chosen == 0
+                        and self.component(grown, 1 << index).bit_count() <= group_size):
+                    yield from extend(position + 1, grown, count + 1)
+
+        yield from extend(0, 0, 0)
+
+    def stage(self, ending: int) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
+        """(latency, groups) of running `ending` as one stage, or None if it breaks the pruning bounds."""
+        if ending not in self.stage_costs:
+            groups = self.components(ending)
+            scheduler = self.scheduler
+            if len(groups) > scheduler.max_groups or max(map(len, groups)) > scheduler.max_group_size:
+                self.stage_costs[ending] = None
+            else:
+                scheduler.stats["stages_evaluated"] += 1
+                self.stage_costs[ending] = (self.cost.stage_latency(groups), groups)
+        return self.stage_costs[ending]
+
+    def component(self, members: int, seed: int) -> int:
+        """The weakly connected component of `members` that contains the bits of `seed`."""
+        component = frontier = seed
+        while frontier:
+            index = (frontier & -frontier).bit_length() - 1
+            frontier &= frontier - 1
+            neighbours = (self.producers[index] | self.consumers[index]) & members & ~component
+            component |= neighbours
+            frontier |= neighbours
+        return component
+
+    def components(self, members: int) -> tuple[tuple[int, ...], ...]:
+        """Weakly connected components of `members`, each as kernel ids in topological order."""
+        groups = []
+        unvisited = members
+        while unvisited:
+            component = self.component(members, unvisited & -unvisited)
+            unvisited &= ~component
+            groups.append(tuple(self.block[i] for i in range(len(self.block)) if component >> i & 1))
+        return tuple(sorted(groups))
+
+
+def _latency(stages: list[Stage], cost: CostModel) -> float:
+    return sum(cost.stage_latency(stage.groups) for stage in stages)
+
+
+def blocks(graph: KernelGraph) -> list[list[int]]:
+    """The kernels split at cut kernels (comparable with every other kernel): each cut kernel is a block
+    of its own, and so is each run of kernels between two cuts."""
+    count = len(graph.kernels)
+    ancestors = [0] * count
+    for kernel in graph.kernels:
+        for producer in graph.dependencies(kernel.id):
+            ancestors[kernel.id] |= ancestors[producer] | 1 << producer
+    descendants = [0] * count
+    for kernel in reversed(graph.kernels):
+        for producer in graph.dependencies(kernel.id):
+            descendants[producer] |= descendants[kernel.id] | 1 << kernel.id
+    everything = (1 << count) - 1
+    result: list[list[int]] = []
+    current: list[int] = []
+    for kernel in range(count):
+        if ancestors[kernel] | descendants[kernel] | 1 << kernel == everything:
+            if current:
+                result.append(current)
+            result.append([kernel])
+            current = []
+        else:
+            current.append(kernel)
+    if current:
+        result.append(current)
+    return result
