@@ -7,6 +7,7 @@ import pytest
 from synthetic import random_graph
 from test_plan import assert_race_free
 
+from tvmsched.cost import CostModel
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.plan import make_plan
 from tvmsched.schedule import create_scheduler
@@ -98,3 +99,27 @@ def test_state_budget_splits_blocks_and_stays_valid():
     small = create_scheduler("dp", max_states=16).schedule(graph, cost)
     assert small.stats["blocks"] > create_scheduler("dp").schedule(graph, cost).stats["blocks"]
     assert_race_free(graph, make_plan(graph, list(small.order), "dp"))
+
+
+class CountingCost(CostModel):
+    """A stand-in for measurements: the analytic latency plus a per-stage penalty, counting the calls."""
+
+    def __init__(self, graph):
+        super().__init__(graph)
+        self.model = AnalyticCost(graph)
+        self.asked = set()
+
+    def stage_latency(self, groups):
+        self.asked.add(groups)
+        return self.model.stage_latency(groups) * (1.0 + 0.1 * len(groups))
+
+
+def test_analytic_guide_limits_what_a_measured_search_asks():
+    graph = random_graph(num_kernels=18, seed=21)
+    full = CountingCost(graph)
+    exhaustive = create_scheduler("dp", measure_top=10**6).schedule(graph, full)
+    guided_cost = CountingCost(graph)
+    guided = create_scheduler("dp", measure_top=2).schedule(graph, guided_cost)
+    assert len(guided_cost.asked) < len(full.asked)
+    assert guided.stats["modeled_ms"] >= exhaustive.stats["modeled_ms"] - 1e-12
+    assert_race_free(graph, make_plan(graph, list(guided.order), "dp"))

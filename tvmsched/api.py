@@ -18,8 +18,10 @@ from tvmsched import frontend, zoo
 from tvmsched.codegen import build_library
 from tvmsched.cost import CostModel, create_cost_model
 from tvmsched.cost.analytic import AnalyticCost
+from tvmsched.cost.measured import MeasuredCost
 from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel
 from tvmsched.executor import create_executor
+from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import kernel_module, lower
@@ -137,12 +139,27 @@ class CompiledModel:
         measured where this build's GPU is present, analytic otherwise.
         """
         scheduler = create_scheduler(schedule, max_streams=max_streams, **schedule_options)
-        plan = plan_schedule(self.graph, scheduler, self.cost_model(cost), self.plan.context)
+        cost_model = self.cost_model(cost, max_streams)
+        try:
+            plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
+        finally:
+            if isinstance(cost_model, MeasuredCost):
+                cost_model.save()
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor)
 
-    def cost_model(self, name: str | None = None) -> CostModel:
+    def cost_model(self, name: str | None = None, max_streams: int = 8) -> CostModel:
         """A stage-latency source for this model's graph (see `reschedule`)."""
-        return create_cost_model(name or "analytic", self.graph)
+        gpu_present = self.meta.target.kind == "cuda" and tvm.cuda(0).exist
+        name = name or ("measured" if gpu_present else "analytic")
+        if name != "measured":
+            return create_cost_model(name, self.graph)
+        if not gpu_present:
+            raise TargetError("measured stage costs need this build's GPU; use cost='analytic' "
+                              "(--cost analytic)")
+        timer = StageTimer(self.library, self.graph, self.plan, self.constants, device_for(self.meta.target),
+                           max_groups=max_streams)
+        key = f"{self.graph.hash}/{self.plan.context['target']}/batch{self.plan.context['batch']}"
+        return MeasuredCost(self.graph, timer, key)
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:

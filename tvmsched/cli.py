@@ -100,6 +100,13 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                         help="inter-operator schedule: which stream runs each kernel, in which order "
                              "(default: sequential)")
     parser.add_argument("--streams", type=int, default=8, help="at most this many CUDA streams (default 8)")
+    parser.add_argument("--cost", choices=("measured", "analytic"), default=None,
+                        help="stage latencies for the schedulers: measured on the GPU (default where the "
+                             "build's GPU is present; cached) or the analytic roofline model")
+    parser.add_argument("--max-group-size", type=int, default=3,
+                        help="dp: at most this many kernels in one group of a stage (IOS's r, default 3)")
+    parser.add_argument("--max-groups", type=int, default=8,
+                        help="dp: at most this many concurrent groups in a stage (IOS's s, default 8)")
     parser.add_argument("--executor", choices=sorted(EXECUTORS), default=None,
                         help="cuda-graph (default on GPU): the plan captured into one CUDA Graph; streams: "
                              "the same launches live, for debugging; sequential (default on CPU): one "
@@ -135,8 +142,17 @@ def _compiled(args):
         return tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     with console.status("compiling") as status:
+        def search_progress(stats: dict) -> None:
+            status.update(f"{args.model}: dp search: {stats['states']} states, {stats['stages_evaluated']} "
+                          f"stages evaluated, {stats['blocks']} blocks done")
+
+        options = {}
+        if args.schedule == "dp":
+            options = {"max_group_size": args.max_group_size, "max_groups": args.max_groups,
+                       "progress": search_progress}
         model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
                                  schedule=args.schedule, max_streams=args.streams, executor=args.executor,
+                                 cost=args.cost, **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key}, "
                   f"{model.plan.num_streams} stream(s), {model.plan.memory.activation_bytes / 2**20:.1f} MiB "

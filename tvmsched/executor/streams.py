@@ -7,10 +7,14 @@ inferences and is the one stream a caller synchronizes with.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import tvm_ffi
 
 from tvmsched.errors import TargetError
 from tvmsched.executor.base import Executor, register_executor
+from tvmsched.memory import MemoryPlan
+from tvmsched.plan import Launch
 
 
 def _cudart():
@@ -46,23 +50,25 @@ class StreamsExecutor(Executor):
         self.events = {kernel: self._event() for kernel in signaled}
         self.fork_event = self._event()
         self.join_events = [self._event() for _ in self.streams[1:]]
-        self.calls = [(launch, self.functions[self.graph.kernels[launch.kernel].symbol],
-                       self.kernel_arguments(launch.kernel)) for launch in self.plan.launches]
+        self.calls = {kernel.id: (self.functions[kernel.symbol], self.kernel_arguments(kernel.id))
+                      for kernel in self.graph.kernels}
 
     def _event(self, timing: bool = False):
         flags = self.cudart.cudaEventDefault if timing else self.cudart.cudaEventDisableTiming
         return check(self.cudart.cudaEventCreateWithFlags(flags))
 
-    def issue(self) -> None:
-        """Fork from stream 0, issue every launch on its stream with its waits, join back to stream 0."""
+    def issue(self, launches: tuple[Launch, ...] | None = None) -> None:
+        """Fork from stream 0, issue every launch (default: the plan's) on its stream after its waits,
+        join back to stream 0."""
         cudart, main = self.cudart, self.streams[0]
         check(cudart.cudaEventRecord(self.fork_event, main))
         for stream in self.streams[1:]:
             check(cudart.cudaStreamWaitEvent(stream, self.fork_event, 0))
-        for launch, function, arguments in self.calls:
+        for launch in self.plan.launches if launches is None else launches:
             stream = self.streams[launch.stream]
             for producer in launch.waits:
                 check(cudart.cudaStreamWaitEvent(stream, self.events[producer], 0))
+            function, arguments = self.calls[launch.kernel]
             with tvm_ffi.use_raw_stream(self.device, int(stream)):
                 function(*arguments)
             if launch.kernel in self.events:
@@ -73,6 +79,17 @@ class StreamsExecutor(Executor):
 
     def launch(self) -> None:
         self.issue()
+
+    def capture(self, launches: tuple[Launch, ...]):
+        """A CUDA Graph (not yet instantiated) of `launches`, recorded from stream 0."""
+        cudart, main = self.cudart, self.streams[0]
+        mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        check(cudart.cudaStreamBeginCapture(main, mode))
+        try:
+            self.issue(launches)
+        finally:
+            graph = check(cudart.cudaStreamEndCapture(main))
+        return graph
 
     def synchronize(self) -> None:
         check(self.cudart.cudaStreamSynchronize(self.streams[0]))
@@ -96,16 +113,50 @@ class CudaGraphExecutor(StreamsExecutor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        cudart = self.cudart
         self.issue()  # loads every kernel's module outside the capture
         self.synchronize()
-        check(cudart.cudaStreamBeginCapture(self.streams[0],
-                                            cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
-        try:
-            self.issue()
-        finally:
-            graph = check(cudart.cudaStreamEndCapture(self.streams[0]))
-        self.graph_exec = check(cudart.cudaGraphInstantiate(graph, 0))
+        self.graph_exec = check(self.cudart.cudaGraphInstantiate(self.capture(self.plan.launches), 0))
 
     def launch(self) -> None:
         check(self.cudart.cudaGraphLaunch(self.graph_exec, self.streams[0]))
+
+
+class StageTimer(StreamsExecutor):
+    """Times stages of a graph on the GPU: each stage's groups on their own streams, captured into a small
+    CUDA Graph and replayed, timed with CUDA events. Every tensor has a buffer of its own, filled by one
+    full inference first so kernels read realistic data."""
+
+    name = "stage-timer"
+
+    def __init__(self, library, graph, plan, constants, device, max_groups: int = 8):
+        separate = MemoryPlan(tuple(tensor.nbytes for kernel in graph.kernels for tensor in kernel.outputs),
+                              {tensor.name: index for index, tensor in
+                               enumerate(t for kernel in graph.kernels for t in kernel.outputs)})
+        super().__init__(library, graph, replace(plan, memory=separate), constants, device)
+        while len(self.streams) < max_groups:
+            self.streams.append(check(self.cudart.cudaStreamCreateWithFlags(self.cudart.cudaStreamNonBlocking)))
+            self.join_events.append(self._event())
+        self.issue()
+        self.synchronize()
+        self.start, self.end = self._event(timing=True), self._event(timing=True)
+
+    def time_stage(self, groups: tuple[tuple[int, ...], ...], replays: int = 5, rounds: int = 3) -> float:
+        """Median over `rounds` of the mean milliseconds of `replays` back-to-back replays of the stage."""
+        cudart, main = self.cudart, self.streams[0]
+        graph = self.capture(tuple(Launch(kernel, stream) for stream, group in enumerate(groups)
+                                   for kernel in group))
+        executable = check(cudart.cudaGraphInstantiate(graph, 0))
+        try:
+            check(cudart.cudaGraphLaunch(executable, main))
+            times = []
+            for _ in range(rounds):
+                check(cudart.cudaEventRecord(self.start, main))
+                for _ in range(replays):
+                    check(cudart.cudaGraphLaunch(executable, main))
+                check(cudart.cudaEventRecord(self.end, main))
+                check(cudart.cudaEventSynchronize(self.end))
+                times.append(check(cudart.cudaEventElapsedTime(self.start, self.end)) / replays)
+        finally:
+            check(cudart.cudaGraphExecDestroy(executable))
+            check(cudart.cudaGraphDestroy(graph))
+        return sorted(times)[len(times) // 2]

@@ -26,10 +26,6 @@ class Stage:
     def kernels(self) -> tuple[int, ...]:
         return tuple(kernel for group in self.groups for kernel in group)
 
-    @property
-    def signature(self) -> str:
-        """A canonical key for caching this stage's latency (group order does not matter)."""
-        return "|".join(sorted(",".join(map(str, group)) for group in self.groups))
 
 
 @dataclass(frozen=True)

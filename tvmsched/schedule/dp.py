@@ -7,14 +7,18 @@ its weakly connected components as concurrent groups, each in topological order 
 at most `max_group_size` kernels per group and `max_groups` groups per stage. Sets are bitmasks over the
 block's kernels and memoized. A block whose search exceeds `max_states` is split in two at its middle
 kernel (a prefix of a topological order is closed under producers) and each half is searched alone.
+With a cost source other than the analytic model (measurements), an analytic search of the same block
+guides the real one: per state only the `measure_top` ending sets the model ranks best are measured.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 
 from tvmsched.cost import CostModel
+from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import Schedule, Scheduler, SchedulerError, Stage, register_scheduler
 from tvmsched.schedule.greedy import GreedyScheduler
@@ -27,13 +31,15 @@ class _TooManyStates(Exception):
 @register_scheduler("dp")
 class DynamicProgrammingScheduler(Scheduler):
     def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
-                 max_states: int = 4096, progress: Callable[[dict], None] | None = None):
+                 max_states: int = 4096, measure_top: int = 3,
+                 progress: Callable[[dict], None] | None = None):
         super().__init__(max_streams)
-        if max_group_size < 1 or max_groups < 1:
-            raise SchedulerError("max_group_size and max_groups must be at least 1")
+        if max_group_size < 1 or max_groups < 1 or measure_top < 1:
+            raise SchedulerError("max_group_size, max_groups and measure_top must be at least 1")
         self.max_group_size = max_group_size
         self.max_groups = min(max_groups, max_streams)
         self.max_states = max_states
+        self.measure_top = measure_top
         self.progress = progress
 
     def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
@@ -50,7 +56,10 @@ class DynamicProgrammingScheduler(Scheduler):
         """The block's best stages: the search's, or greedy's where the search (split when too large)
         found nothing better, so dp is never worse than greedy."""
         try:
-            searched = _BlockSearch(graph, block, cost, self).run()
+            guide = None
+            if not isinstance(cost, AnalyticCost):
+                guide = _BlockSearch(graph, block, AnalyticCost(graph), self)
+            searched = _BlockSearch(graph, block, cost, self, guide).run()
             self.stats["blocks"] += 1
         except _TooManyStates:
             middle = len(block) // 2
@@ -68,10 +77,11 @@ class _BlockSearch:
     """The memoized DP over one block's kernels (local bit i is kernel `block[i]`)."""
 
     def __init__(self, graph: KernelGraph, block: list[int], cost: CostModel,
-                 scheduler: DynamicProgrammingScheduler):
+                 scheduler: DynamicProgrammingScheduler, guide: _BlockSearch | None = None):
         self.block = block
         self.cost = cost
         self.scheduler = scheduler
+        self.guide = guide
         local = {kernel: index for index, kernel in enumerate(block)}
         self.producers = [0] * len(block)
         self.consumers = [0] * len(block)
@@ -102,7 +112,7 @@ class _BlockSearch:
         if len(self.best) > self.scheduler.max_states:
             raise _TooManyStates
         best = (float("inf"), 0)
-        for ending in self.ending_sets(remaining):
+        for ending in self.candidates(remaining):
             stage = self.stage(ending)
             if stage is None:
                 continue
@@ -113,6 +123,17 @@ class _BlockSearch:
         if stats["states"] % 256 == 0:
             self.scheduler.report()
         return best[0]
+
+    def candidates(self, remaining: int):
+        """The ending sets to evaluate: all of them, or with a guide (an analytic search of the same
+        block) only the `measure_top` that the guide ranks best, so expensive costs are asked rarely."""
+        if self.guide is None:
+            return self.ending_sets(remaining)
+        guide = self.guide
+        guide.solve(remaining)
+        valid = (ending for ending in self.ending_sets(remaining) if guide.stage(ending) is not None)
+        return heapq.nsmallest(self.scheduler.measure_top, valid,
+                               key=lambda ending: guide.stage(ending)[0] + guide.best[remaining & ~ending][0])
 
     def ending_sets(self, remaining: int):
         """Non-empty subsets of `remaining` closed under consumers within it whose groups stay within

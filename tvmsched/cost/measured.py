@@ -1,0 +1,63 @@
+"""The measured cost source: stage latencies timed on the GPU, cached on disk.
+
+A stage is timed once per (graph hash, device, batch, stage signature): the cache file keeps every
+measurement, so a second build of the same model on the same GPU measures nothing. The cache is written
+atomically, also when a search is interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tvmsched.cost.base import CostModel, register_cost_model
+from tvmsched.graph import KernelGraph
+
+
+def default_cache_path() -> Path:
+    """$TVMSCHED_CACHE, else ~/.cache/tvmsched, holds stage_costs.json."""
+    root = os.environ.get("TVMSCHED_CACHE") or Path.home() / ".cache" / "tvmsched"
+    return Path(root) / "stage_costs.json"
+
+
+@register_cost_model("measured")
+class MeasuredCost(CostModel):
+    """`timer.time_stage(groups)` on a cache miss; `key` names the graph, device and batch."""
+
+    def __init__(self, graph: KernelGraph, timer, key: str, cache_path: Path | None = None):
+        super().__init__(graph)
+        self.timer = timer
+        self.key = key
+        self.cache_path = cache_path or default_cache_path()
+        self.entries = _read_cache(self.cache_path).get(key, {})
+        self.measured = 0
+        self.hits = 0
+
+    def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:
+        signature = "|".join(sorted(",".join(map(str, group)) for group in groups))
+        if signature in self.entries:
+            self.hits += 1
+        else:
+            self.entries[signature] = self.timer.time_stage(groups)
+            self.measured += 1
+            if self.measured % 200 == 0:
+                self.save()
+        return self.entries[signature]
+
+    def save(self) -> None:
+        """Merge this graph's measurements into the cache file (atomically)."""
+        cache = _read_cache(self.cache_path)
+        cache.setdefault(self.key, {}).update(self.entries)
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.cache_path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(cache))
+        temporary.replace(self.cache_path)
+
+
+def _read_cache(path: Path) -> dict:
+    """The cache's contents; an unreadable cache is treated as empty (it only saves time)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
