@@ -9,15 +9,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
-import time
 
 import numpy as np
 import tvm
 from tvm import relax
 
-import tvmsched
+from experiments.common import command, compiled, median_ms
 from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules
 from tvmsched.lower import lower
@@ -37,24 +35,21 @@ def relax_vm_ms(proto, x: np.ndarray, repeat: int) -> float:
     return timer(tvm.runtime.tensor(x, tvm.cuda(0))).median * 1e3
 
 
-def measure(name: str, batch: int, repeat: int) -> dict:
-    proto = zoo.build(name, batch=batch)
-    start = time.perf_counter()
-    base = tvmsched.compile(proto, target="cuda", executor="sequential")
-    compile_s = time.perf_counter() - start
+def measure(name: str, batch: int, repeat: int, builds: str | None) -> dict:
+    base, compile_s = compiled(name, batch, "cuda", builds)
+    base = base.reschedule("sequential", executor="sequential")
     x = np.random.default_rng(0).standard_normal(base.inputs[0].shape).astype("float32")
     expected = base(x)
     row = {"model": name, "batch": batch, "kernels": len(base.graph.kernels),
-           "compile_s": round(compile_s, 1), "relax_vm_ms": round(relax_vm_ms(proto, x, repeat), 4),
-           "variants": []}
+           "compile_s": round(compile_s, 1),
+           "relax_vm_ms": round(relax_vm_ms(zoo.build(name, batch=batch), x, repeat), 4), "variants": []}
     for schedule, streams, executor in VARIANTS:
         model = base.reschedule(schedule, max_streams=streams, executor=executor)
         error = float(np.abs(model(x) - expected).max())
-        times = [model.benchmark(warmup=20, repeat=repeat)["median_ms"] for _ in range(3)]
+        median, spread = median_ms(model, repeat)
         row["variants"].append({
             "schedule": schedule, "max_streams": streams, "streams": model.plan.num_streams,
-            "executor": executor, "median_ms": round(statistics.median(times), 4),
-            "spread_ms": round(max(times) - min(times), 4), "max_abs_diff": error,
+            "executor": executor, "median_ms": median, "spread_ms": spread, "max_abs_diff": error,
             "activation_mib": round(model.plan.memory.activation_bytes / 2**20, 2)})
     row["device"] = base.benchmark(warmup=1, repeat=1)["device"]
     return row
@@ -65,19 +60,20 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=100)
+    parser.add_argument("--builds", help="load/save compiled models here (saves recompiling across runs)")
     parser.add_argument("--models", nargs="*",
                         default=["googlenet", "inception_v3", "squeezenet", "randwire"])
     args = parser.parse_args()
     rows = []
     for name in args.models:
-        row = measure(name, args.batch, args.repeat)
+        row = measure(name, args.batch, args.repeat, args.builds)
         rows.append(row)
         cells = "  ".join(f"{v['schedule']}/{v['max_streams']}/{v['executor']} {v['median_ms']:.3f}"
                           for v in row["variants"])
         print(f"{name:13s} vm {row['relax_vm_ms']:.3f}  {cells}", flush=True)
     result = {"experiment": "executor", "device": rows[0]["device"] if rows else None,
               "date": datetime.date.today().isoformat(), "tvm": tvm.__version__,
-              "command": " ".join(["python -m experiments.executor", *sys.argv[1:]]),
+              "command": command("experiments.executor"),
               "kernels": "dlight defaults (untuned), the same library in every variant",
               "timing": "CUDA events around each inference (host clock for the sequential executor and the "
                         "VM's time_evaluator), median of `repeat`, median of 3 such runs",

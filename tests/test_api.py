@@ -8,6 +8,7 @@ import pytest
 from conftest import assert_matches, onnxruntime_outputs
 
 import tvmsched
+from tvmsched.api import ARTIFACTS
 from tvmsched.errors import ArtifactError, InputError
 from tvmsched.schedule import SCHEDULERS
 
@@ -57,6 +58,9 @@ def test_save_and_load_round_trip(branchy_model, tmp_path):
     assert loaded.graph == model.graph
     assert loaded.plan == model.plan
     np.testing.assert_array_equal(loaded(x), model(x))
+    model.save(tmp_path / "build")  # over the files `loaded` uses: replaced, never rewritten in place
+    np.testing.assert_array_equal(loaded(x), model(x))
+    assert sorted(path.name for path in (tmp_path / "build").iterdir()) == sorted(ARTIFACTS)
 
 
 def test_load_refuses_missing_corrupt_and_foreign_builds(branchy_model, tmp_path):
@@ -73,6 +77,7 @@ def test_load_refuses_missing_corrupt_and_foreign_builds(branchy_model, tmp_path
         tvmsched.load(build)
     (build / "meta.json").write_text(meta)
     library = (build / "model.so").read_bytes()
+    (build / "model.so").unlink()  # a new file: truncating the one the loaded model maps would SIGBUS
     (build / "model.so").write_bytes(library[: len(library) // 3])
     with pytest.raises(ArtifactError, match="model.so' is corrupt"):
         tvmsched.load(build)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
 import threading
 from dataclasses import dataclass
@@ -238,16 +239,19 @@ class CompiledModel:
                 "device": device_name(self.meta.target)}
 
     def save(self, directory: str | Path) -> Path:
-        """Write model.so, graph.json, plan.json, constants.npz, then meta.json with their digests."""
+        """Write model.so, graph.json, plan.json, constants.npz, then meta.json with their digests.
+
+        Each file is written beside its final name and renamed into place, so an interrupted save never
+        leaves a truncated file, and a library that a loaded model still maps is never overwritten.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.library.export_library(str(directory / "model.so"))
-        np.savez(directory / "constants.npz", **self.constants)
-        for name, data in (("graph.json", self.graph.to_json()), ("plan.json", self.plan.to_json())):
-            (directory / name).write_text(json.dumps(data, indent=1))
+        _write_atomically(directory / "model.so", lambda path: self.library.export_library(str(path)))
+        _write_atomically(directory / "constants.npz", lambda path: np.savez(path, **self.constants))
+        _write_json(directory / "graph.json", self.graph.to_json())
+        _write_json(directory / "plan.json", self.plan.to_json())
         digests = {name: _sha256(directory / name) for name in BINARY_ARTIFACTS}
-        meta = {**self.meta.to_json(), "digests": digests}
-        (directory / "meta.json").write_text(json.dumps(meta, indent=1))
+        _write_json(directory / "meta.json", {**self.meta.to_json(), "digests": digests})
         return directory
 
 
@@ -310,6 +314,20 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ArtifactError(f"'{path}' is corrupt ({error}); rebuild the model") from error
+
+
+def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """`write` a temporary file of the same suffix beside `path`, then rename it to `path`."""
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    _write_atomically(path, lambda temporary: temporary.write_text(json.dumps(data, indent=1)))
 
 
 def _sha256(path: Path) -> str:

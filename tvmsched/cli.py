@@ -13,7 +13,7 @@ from rich.table import Table
 
 from tvmsched.errors import InputError, TvmschedError
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,6 +107,9 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                         help="dp: at most this many kernels in one group of a stage (IOS's r, default 3)")
     parser.add_argument("--max-groups", type=int, default=8,
                         help="dp: at most this many concurrent groups in a stage (IOS's s, default 8)")
+    parser.add_argument("--max-states", type=int, default=1024,
+                        help="dp: split a block whose search has more sets of kernels than this (default "
+                             "1024; larger searches longer for schedules that are rarely better)")
     parser.add_argument("--executor", choices=sorted(EXECUTORS), default=None,
                         help="cuda-graph (default on GPU): the plan captured into one CUDA Graph; streams: "
                              "the same launches live, for debugging; sequential (default on CPU): one "
@@ -149,7 +152,7 @@ def _compiled(args):
         options = {}
         if args.schedule == "dp":
             options = {"max_group_size": args.max_group_size, "max_groups": args.max_groups,
-                       "progress": search_progress}
+                       "max_states": args.max_states, "progress": search_progress}
         model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
                                  schedule=args.schedule, max_streams=args.streams, executor=args.executor,
                                  cost=args.cost, **options,

@@ -5,8 +5,9 @@ block, `cost[S]` for a set S of not-yet-scheduled kernels (closed under producer
 ending sets E ⊆ S (closed under consumers within S) of `stage_latency(E) + cost[S − E]`. The stage E runs
 its weakly connected components as concurrent groups, each in topological order on one stream. Pruning:
 at most `max_group_size` kernels per group and `max_groups` groups per stage. Sets are bitmasks over the
-block's kernels and memoized. A block whose search exceeds `max_states` is split in two at its middle
-kernel (a prefix of a topological order is closed under producers) and each half is searched alone.
+block's kernels and memoized. A block with more than `max_states` such sets (counted before searching) is
+split in two at the depth level nearest its middle, so both halves keep the block's branches side by side,
+and each half is searched alone.
 With a cost source other than the analytic model (measurements), an analytic search of the same block
 guides the real one: per state only the `measure_top` ending sets the model ranks best are measured.
 """
@@ -24,14 +25,10 @@ from tvmsched.schedule.base import Schedule, Scheduler, SchedulerError, Stage, r
 from tvmsched.schedule.greedy import GreedyScheduler
 
 
-class _TooManyStates(Exception):
-    pass
-
-
 @register_scheduler("dp")
 class DynamicProgrammingScheduler(Scheduler):
     def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
-                 max_states: int = 4096, measure_top: int = 3,
+                 max_states: int = 1024, measure_top: int = 3,
                  progress: Callable[[dict], None] | None = None):
         super().__init__(max_streams)
         if max_group_size < 1 or max_groups < 1 or measure_top < 1:
@@ -47,24 +44,27 @@ class DynamicProgrammingScheduler(Scheduler):
         self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "modeled_ms": 0.0}
         stages: list[Stage] = []
         for block in blocks(graph):
-            stages.extend(self._block_stages(graph, block, cost))
+            for part in self.parts(graph, block):
+                stages.extend(self._block_stages(graph, part, cost))
         self.stats["modeled_ms"] = _latency(stages, cost)
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return Schedule.from_stages(stages, dict(self.stats))
 
+    def parts(self, graph: KernelGraph, block: list[int]) -> list[list[int]]:
+        """`block` split until no part has more than max_states sets to search."""
+        if len(block) == 1 or _BlockSearch(graph, block, None, self).states_within(self.max_states):
+            return [block]
+        first, second = split(graph, block)
+        return self.parts(graph, first) + self.parts(graph, second)
+
     def _block_stages(self, graph: KernelGraph, block: list[int], cost: CostModel) -> list[Stage]:
-        """The block's best stages: the search's, or greedy's where the search (split when too large)
-        found nothing better, so dp is never worse than greedy."""
-        try:
-            guide = None
-            if not isinstance(cost, AnalyticCost):
-                guide = _BlockSearch(graph, block, AnalyticCost(graph), self)
-            searched = _BlockSearch(graph, block, cost, self, guide).run()
-            self.stats["blocks"] += 1
-        except _TooManyStates:
-            middle = len(block) // 2
-            searched = (self._block_stages(graph, block[:middle], cost)
-                        + self._block_stages(graph, block[middle:], cost))
+        """The block's best stages: the search's, or greedy's where the search found nothing better, so
+        dp is never worse than greedy."""
+        guide = None
+        if not isinstance(cost, AnalyticCost):
+            guide = _BlockSearch(graph, block, AnalyticCost(graph), self)
+        searched = _BlockSearch(graph, block, cost, self, guide).run()
+        self.stats["blocks"] += 1
         greedy = GreedyScheduler(self.max_streams).stages(graph, block)
         return min(searched, greedy, key=lambda stages: _latency(stages, cost))
 
@@ -109,8 +109,6 @@ class _BlockSearch:
             return self.best[remaining][0]
         stats = self.scheduler.stats
         stats["states"] += 1
-        if len(self.best) > self.scheduler.max_states:
-            raise _TooManyStates
         best = (float("inf"), 0)
         for ending in self.candidates(remaining):
             stage = self.stage(ending)
@@ -123,6 +121,24 @@ class _BlockSearch:
         if stats["states"] % 256 == 0:
             self.scheduler.report()
         return best[0]
+
+    def states_within(self, budget: int) -> bool:
+        """Whether the block has at most `budget` sets closed under producers (the states `solve` visits),
+        enumerated from the full set by removing one sink at a time until the budget is passed."""
+        full = (1 << len(self.block)) - 1
+        seen = {full}
+        frontier = [full]
+        while frontier:
+            state = frontier.pop()
+            for index in range(len(self.block)):
+                if state >> index & 1 and self.consumers[index] & state == 0:
+                    child = state & ~(1 << index)
+                    if child not in seen:
+                        seen.add(child)
+                        frontier.append(child)
+                        if len(seen) > budget:
+                            return False
+        return True
 
     def candidates(self, remaining: int):
         """The ending sets to evaluate: all of them, or with a guide (an analytic search of the same
@@ -194,6 +210,21 @@ class _BlockSearch:
 
 def _latency(stages: list[Stage], cost: CostModel) -> float:
     return sum(cost.stage_latency(stage.groups) for stage in stages)
+
+
+def split(graph: KernelGraph, block: list[int]) -> tuple[list[int], list[int]]:
+    """`block` in two, the first closed under producers: the kernels up to the depth level (longest path
+    within the block) that leaves the first half nearest half the kernels, or the first half in order
+    when every kernel is at one level."""
+    members = set(block)
+    depth: dict[int, int] = {}
+    for kernel in block:
+        depth[kernel] = 1 + max((depth[p] for p in graph.dependencies(kernel) if p in members), default=-1)
+    levels = sorted(set(depth.values()))[:-1]
+    if not levels:
+        return block[: len(block) // 2], block[len(block) // 2:]
+    cut = min(levels, key=lambda level: abs(2 * sum(depth[k] <= level for k in block) - len(block)))
+    return [k for k in block if depth[k] <= cut], [k for k in block if depth[k] > cut]
 
 
 def blocks(graph: KernelGraph) -> list[list[int]]:
