@@ -101,6 +101,29 @@ def test_state_budget_splits_blocks_and_stays_valid():
     assert_race_free(graph, make_plan(graph, list(small.order), "dp"))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_oversized_blocks_split_into_searchable_parts_closed_under_producers(seed):
+    graph = random_graph(num_kernels=40, seed=50 + seed)
+    scheduler = create_scheduler("dp", max_states=32)
+    for block in blocks(graph):
+        parts = scheduler.parts(graph, block)
+        assert sorted(kernel for part in parts for kernel in part) == block
+        done = set(range(block[0]))  # blocks are runs of consecutive ids
+        for part in parts:
+            assert all(graph.dependencies(kernel) <= done | set(part) for kernel in part)
+            done |= set(part)
+            assert scheduler.parts(graph, part) == [part]  # within the state budget
+
+
+def test_search_progress_reports_finished_blocks():
+    graph = random_graph(num_kernels=30, seed=9)
+    reports = []
+    schedule = create_scheduler("dp", progress=reports.append).schedule(graph, AnalyticCost(graph))
+    blocks_done = [report["blocks"] for report in reports]
+    assert blocks_done == sorted(blocks_done) and blocks_done[-1] == schedule.stats["blocks"]
+    assert reports[-1]["modeled_ms"] == pytest.approx(schedule.stats["modeled_ms"])
+
+
 class CountingCost(CostModel):
     """A stand-in for measurements: the analytic latency plus a per-stage penalty, counting the calls."""
 
@@ -110,7 +133,9 @@ class CountingCost(CostModel):
         self.asked = set()
 
     def stage_latency(self, groups):
-        self.asked.add(groups)
+        if groups not in self.asked:
+            self.asked.add(groups)
+            self.measured += 1
         return self.model.stage_latency(groups) * (1.0 + 0.1 * len(groups))
 
 
@@ -121,5 +146,6 @@ def test_analytic_guide_limits_what_a_measured_search_asks():
     guided_cost = CountingCost(graph)
     guided = create_scheduler("dp", measure_top=2).schedule(graph, guided_cost)
     assert len(guided_cost.asked) < len(full.asked)
+    assert guided.stats["stages_measured"] == len(guided_cost.asked)
     assert guided.stats["modeled_ms"] >= exhaustive.stats["modeled_ms"] - 1e-12
     assert_race_free(graph, make_plan(graph, list(guided.order), "dp"))

@@ -146,8 +146,10 @@ def _compiled(args):
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     with console.status("compiling") as status:
         def search_progress(stats: dict) -> None:
-            status.update(f"{args.model}: dp search: {stats['states']} states, {stats['stages_evaluated']} "
-                          f"stages evaluated, {stats['blocks']} blocks done")
+            status.update(f"{args.model}: dp search: {stats['blocks']} blocks done "
+                          f"({stats['modeled_ms']:.3f} ms so far), {stats['states']} states, "
+                          f"{stats['stages_evaluated']} stages evaluated, "
+                          f"{stats['stages_measured']} measured")
 
         options = {}
         if args.schedule == "dp":

@@ -32,6 +32,7 @@ class CostModel(ABC):
 
     def __init__(self, graph: KernelGraph):
         self.graph = graph
+        self.measured = 0  # stages run on the device so far (a computed model runs none)
 
     @abstractmethod
     def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:

@@ -31,7 +31,6 @@ class MeasuredCost(CostModel):
         self.key = key
         self.cache_path = cache_path or default_cache_path()
         self.entries = _read_cache(self.cache_path).get(key, {})
-        self.measured = 0
         self.hits = 0
 
     def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:

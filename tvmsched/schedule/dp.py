@@ -41,12 +41,17 @@ class DynamicProgrammingScheduler(Scheduler):
 
     def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
         start = time.perf_counter()
-        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "modeled_ms": 0.0}
+        self.cost = cost
+        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "stages_measured": 0,
+                      "modeled_ms": 0.0}
         stages: list[Stage] = []
         for block in blocks(graph):
             for part in self.parts(graph, block):
-                stages.extend(self._block_stages(graph, part, cost))
-        self.stats["modeled_ms"] = _latency(stages, cost)
+                part_stages = self._block_stages(graph, part, cost)
+                stages.extend(part_stages)
+                self.stats["modeled_ms"] += _latency(part_stages, cost)
+                self.report()
+        self.stats["stages_measured"] = cost.measured
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return Schedule.from_stages(stages, dict(self.stats))
 
@@ -69,7 +74,9 @@ class DynamicProgrammingScheduler(Scheduler):
         return min(searched, greedy, key=lambda stages: _latency(stages, cost))
 
     def report(self) -> None:
+        """Pass the search's counters to `progress`; `modeled_ms` covers the blocks finished so far."""
         if self.progress:
+            self.stats["stages_measured"] = self.cost.measured
             self.progress(dict(self.stats))
 
 
