@@ -41,8 +41,10 @@ def test_errors_are_one_line_with_exit_code_2(args, message):
 def test_build_run_bench_round_trip(tmp_path, branchy_model, capsys):
     model_path = tmp_path / "branchy.onnx"
     onnx.save(branchy_model, model_path)
-    assert main(["build", str(model_path), "-o", str(tmp_path / "build"), "--batch", "2"]) == 0
+    assert main(["build", str(model_path), "-o", str(tmp_path / "build"), "--batch", "2",
+                 "--schedule", "dp", "--streams", "2"]) == 0
     assert (tmp_path / "build" / "model.so").is_file()
+    assert json.loads((tmp_path / "build" / "plan.json").read_text())["scheduler"] == "dp"
     x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype("float32")
     np.save(tmp_path / "x.npy", x)
     assert main(["run", str(tmp_path / "build"), "--input", f"input={tmp_path / 'x.npy'}",

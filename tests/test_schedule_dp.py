@@ -118,7 +118,7 @@ def test_oversized_blocks_split_into_searchable_parts_closed_under_producers(see
 def test_search_progress_reports_finished_blocks():
     graph = random_graph(num_kernels=30, seed=9)
     reports = []
-    schedule = create_scheduler("dp", progress=reports.append).schedule(graph, AnalyticCost(graph))
+    schedule = create_scheduler("dp", search_progress=reports.append).schedule(graph, AnalyticCost(graph))
     blocks_done = [report["blocks"] for report in reports]
     assert blocks_done == sorted(blocks_done) and blocks_done[-1] == schedule.stats["blocks"]
     assert reports[-1]["modeled_ms"] == pytest.approx(schedule.stats["modeled_ms"])

@@ -154,7 +154,7 @@ def _compiled(args):
         options = {}
         if args.schedule == "dp":
             options = {"max_group_size": args.max_group_size, "max_groups": args.max_groups,
-                       "max_states": args.max_states, "progress": search_progress}
+                       "max_states": args.max_states, "search_progress": search_progress}
         model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
                                  schedule=args.schedule, max_streams=args.streams, executor=args.executor,
                                  cost=args.cost, **options,

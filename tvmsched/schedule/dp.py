@@ -29,7 +29,7 @@ from tvmsched.schedule.greedy import GreedyScheduler
 class DynamicProgrammingScheduler(Scheduler):
     def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
                  max_states: int = 1024, measure_top: int = 3,
-                 progress: Callable[[dict], None] | None = None):
+                 search_progress: Callable[[dict], None] | None = None):
         super().__init__(max_streams)
         if max_group_size < 1 or max_groups < 1 or measure_top < 1:
             raise SchedulerError("max_group_size, max_groups and measure_top must be at least 1")
@@ -37,7 +37,7 @@ class DynamicProgrammingScheduler(Scheduler):
         self.max_groups = min(max_groups, max_streams)
         self.max_states = max_states
         self.measure_top = measure_top
-        self.progress = progress
+        self.search_progress = search_progress
 
     def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
         start = time.perf_counter()
@@ -74,10 +74,10 @@ class DynamicProgrammingScheduler(Scheduler):
         return min(searched, greedy, key=lambda stages: _latency(stages, cost))
 
     def report(self) -> None:
-        """Pass the search's counters to `progress`; `modeled_ms` covers the blocks finished so far."""
-        if self.progress:
+        """Pass the search's counters to `search_progress`; `modeled_ms` covers the blocks finished so far."""
+        if self.search_progress:
             self.stats["stages_measured"] = self.cost.measured
-            self.progress(dict(self.stats))
+            self.search_progress(dict(self.stats))
 
 
 class _BlockSearch:
