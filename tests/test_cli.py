@@ -30,6 +30,9 @@ def test_help_lists_commands():
     (["run", "squeezenet", "--target", "metal"], "unknown target 'metal'"),
     (["run", "squeezenet", "--input-shape", "input:1xbad"], "cannot parse input shape"),
     (["models", "export", "nope", "-o", "x.onnx"], "no zoo model 'nope'"),
+    (["tune", "--target", "llvm"], "name the models to tune"),
+    (["tune", "squeezenet", "--time-budget", "soon"], "'soon' is not a duration"),
+    (["tune", "squeezenet", "--target", "llvm", "--rpc", "localhost"], "write HOST:PORT:KEY"),
 ])
 def test_errors_are_one_line_with_exit_code_2(args, message):
     result = run_cli(*args)

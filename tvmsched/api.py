@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import statistics
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from tvmsched.target import (
     resolve_target,
     target_device_name,
 )
+from tvmsched.tuning import TuningLog
 
 META_SCHEMA = 1
 BINARY_ARTIFACTS = ("model.so", "constants.npz")
@@ -50,11 +52,14 @@ class ModelMeta:
     outputs: tuple[TensorSpec, ...]
     target: TargetSpec
     tvm_version: str
+    tuned_kernels: tuple[str, ...] = ()  # symbols scheduled from the tuning log; the rest use defaults
+    tuning_log: str | None = None
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
                 "outputs": [spec.to_json() for spec in self.outputs], "target": self.target.to_json(),
-                "tvm_version": self.tvm_version}
+                "tvm_version": self.tvm_version, "tuned_kernels": list(self.tuned_kernels),
+                "tuning_log": self.tuning_log}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -62,7 +67,8 @@ class ModelMeta:
             raise ArtifactError(f"meta.json schema {data.get('schema')} is not {META_SCHEMA}; rebuild")
         return cls(tuple(TensorSpec.from_json(spec) for spec in data["inputs"]),
                    tuple(TensorSpec.from_json(spec) for spec in data["outputs"]),
-                   TargetSpec.from_json(data["target"]), data["tvm_version"])
+                   TargetSpec.from_json(data["target"]), data["tvm_version"],
+                   tuple(data.get("tuned_kernels", ())), data.get("tuning_log"))
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -78,10 +84,14 @@ def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -
 def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: int | None = None,
             input_shapes: dict[str, tuple[int, ...]] | None = None, schedule: str = "sequential",
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
+            tuning_log: str | Path | None = None, tuned: bool = True,
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
     `executor` defaults to the target's best.
+
+    Kernels take their schedules from the target's tuning log (`tuning_log`: a log directory or a root of
+    them, default `tuning_logs/`) where it has records, unless `tuned` is False; the others get defaults.
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -94,12 +104,16 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     progress("lowering and fusing")
     lowered = lower(relax_module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
+    log = TuningLog.for_target(spec, tuning_log) if tuned else None
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
-    library = build_library(kernel_module(lowered), spec)
+    with tempfile.TemporaryDirectory(prefix="tvmsched-log-") as copy:
+        database = log.database(copy) if log and log.exists() else None
+        library, tuned_kernels = build_library(kernel_module(lowered), spec, database)
     output_names = [value.name for value in proto.graph.output]
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))
-    meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__)
+    meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(tuned_kernels),
+                     str(log.directory) if database else None)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(library, graph, sequential, constants, meta, executor)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tvmsched.errors import InputError, TvmschedError
+from tvmsched.frontend import parse_input_shape
+from tvmsched.tuning.tune import COST_MODELS, SEARCH_STRATEGIES
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -81,10 +85,45 @@ def _build_parser() -> _Parser:
     bench.add_argument("--repeat", type=int, default=50, help="timed runs; the median is reported")
     bench.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON")
     bench.set_defaults(handler=_bench)
+    _add_tune_command(commands)
     return parser
 
 
-def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
+def _add_tune_command(commands) -> None:
+    tune = commands.add_parser(
+        "tune", help="tune a model's kernels with MetaSchedule into the target's tuning log",
+        description="Tune every unique kernel of the models with MetaSchedule and append the measured "
+                    "records to tuning_logs/<target key>/ (or --log), which every later build for that "
+                    "target applies. Rerunning continues: kernels that already have --trials trials are "
+                    "skipped. Ctrl-C or --time-budget stops early and keeps every measured record.")
+    tune.add_argument("models", nargs="*", metavar="MODEL", help=".onnx files or zoo model names")
+    tune.add_argument("--zoo", nargs="+", default=[], metavar="NAME", help="zoo models to tune (or 'all')")
+    _add_model_flags(tune)
+    tune.add_argument("--trials", type=int, default=64,
+                      help="measured candidates per unique kernel, over all runs (default 64)")
+    tune.add_argument("--time-budget", type=_duration, default=None, metavar="8m",
+                      help="stop after this long (s, m or h; default: no limit)")
+    tune.add_argument("--search", choices=SEARCH_STRATEGIES, default="evolutionary",
+                      help="MetaSchedule search strategy (default evolutionary)")
+    tune.add_argument("--cost-model", choices=COST_MODELS, default="xgb",
+                      help="the model that ranks candidates before measuring (default xgb)")
+    tune.add_argument("--rpc", metavar="HOST:PORT:KEY",
+                      help="measure on the devices registered with this TVM RPC tracker under KEY")
+    tune.add_argument("--workers", type=int, default=None, help="parallel builds (default: every core)")
+    tune.set_defaults(handler=_tune)
+
+
+def _duration(text: str) -> float:
+    """'90s', '8m', '1.5h' or plain seconds → seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        return float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a duration such as 90s, 8m or 1h") from None
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="auto",
                         help="auto (cuda if a GPU is present, else llvm), llvm (CPU), cuda (the local "
                              "GPU, else cross-compile for the H100), or an NVIDIA TVM tag such as "
@@ -93,6 +132,15 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                         help="batch size: binds dim 0 of every input (zoo models default to 1)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:1x3x224x224",
                         help="bind the whole shape of one input (repeatable)")
+    parser.add_argument("--log", default=None, metavar="DIR",
+                        help="the tuning log: a log directory or a folder of them by target key (default: "
+                             "tuning_logs/ or $TVMSCHED_TUNING_LOGS)")
+
+
+def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
+    _add_model_flags(parser)
+    parser.add_argument("--untuned", action="store_true",
+                        help="ignore the tuning log: every kernel gets its default schedule")
     from tvmsched.executor import EXECUTORS
     from tvmsched.schedule import SCHEDULERS
 
@@ -139,8 +187,6 @@ def _models_export(args) -> None:
 def _compiled(args):
     """Load a build directory, or compile a model with the command's flags, showing progress."""
     import tvmsched
-    from tvmsched.frontend import parse_input_shape
-
     if Path(args.model).is_dir():
         return tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
@@ -157,11 +203,14 @@ def _compiled(args):
                        "max_states": args.max_states, "search_progress": search_progress}
         model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
                                  schedule=args.schedule, max_streams=args.streams, executor=args.executor,
-                                 cost=args.cost, **options,
+                                 cost=args.cost, tuning_log=args.log, tuned=not args.untuned, **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
-    console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key}, "
-                  f"{model.plan.num_streams} stream(s), {model.plan.memory.activation_bytes / 2**20:.1f} MiB "
-                  f"of activations")
+    tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
+             else "none tuned" + (" (--untuned)" if args.untuned else f" (no tuning log for "
+                                                                        f"{model.meta.target.key})"))
+    console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key} "
+                  f"({tuned}), {model.plan.num_streams} stream(s), "
+                  f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
     return model
 
 
@@ -201,6 +250,62 @@ def _bench(args) -> None:
                     f"(min {result['min_ms']:.3f}, max {result['max_ms']:.3f}, {args.repeat} runs)")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
+
+
+
+def _tune(args) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tvmsched import frontend, zoo
+    from tvmsched.api import model_proto
+    from tvmsched.lower import lower
+    from tvmsched.target import resolve_target
+    from tvmsched.tuning import TuneOptions, TuningLog, tune
+
+    names = [*args.models, *(zoo.list_models() if args.zoo == ["all"] else args.zoo)]
+    if not names:
+        raise InputError("name the models to tune: tvmsched tune MODEL... or --zoo NAME... (--zoo all)")
+    spec = resolve_target(args.target)
+    log = TuningLog.for_target(spec, args.log)
+    shapes = dict(parse_input_shape(text) for text in args.input_shape)
+    options = TuneOptions(trials=args.trials, search=args.search, cost_model=args.cost_model, rpc=args.rpc,
+                          workers=args.workers)
+    deadline = time.monotonic() + args.time_budget if args.time_budget else None
+    for name in names:
+        if deadline is not None:
+            options = replace(options, time_budget_s=max(0.0, deadline - time.monotonic()))
+        with console.status(f"{name}: importing and lowering"):
+            proto = model_proto(name, args.batch)
+            inputs = frontend.bind_input_shapes(proto, args.batch, shapes)
+            lowered = lower(frontend.to_relax(proto, inputs))
+        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
+                   "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
+        with Progress(*columns, console=console) as bar:
+            row = bar.add_task(name, total=None, status="extracting tasks")
+            result = tune(lowered, spec, log, options, progress=_tune_reporter(bar, row, args.trials))
+        stopped = " (time budget spent)" if result.stopped_by_budget else ""
+        console.print(f"{name}: {result.trials} trials on {len(result.tasks)} kernels in "
+                      f"{result.seconds:.0f} s{stopped}; {result.skipped} kernels already had "
+                      f"{args.trials} trials; {result.failed_builds} failed builds, "
+                      f"{result.failed_runs} failed runs; log {log.directory}")
+        for message in result.messages:
+            console.print(f"  failure: {message}")
+
+
+def _tune_reporter(bar, row, trials: int):
+    """A `tune` progress callback that updates one row of a rich Progress: trials, the estimated
+    end-to-end latency, the busiest kernel's best latency, failed builds."""
+    def report(result) -> None:
+        estimate = result.estimated_ms
+        current = max(result.tasks, key=lambda task: task.trials, default=None)
+        status = f"{len(result.tasks)} kernels" + (f"; est. {estimate:.3f} ms" if estimate else "")
+        if current and current.best_ms:
+            status += f"; {current.name} best {current.best_ms:.4f} ms"
+        if result.failed_builds:
+            status += f"; {result.failed_builds} failed builds"
+        bar.update(row, completed=result.trials, status=status,
+                   total=sum(trials - task.trials_before for task in result.tasks))
+    return report
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Compile a graph's PrimFuncs into one kernel library for a target (dlight default schedules on GPU)."""
+"""Compile a graph's PrimFuncs into one kernel library for a target: tuned schedules from a MetaSchedule
+database where it has them, dlight's defaults for the other GPU kernels."""
 
 from __future__ import annotations
 
 import tvm
+from tvm import relax
 from tvm.s_tir import dlight
 
 from tvmsched.target import TargetSpec
@@ -18,6 +20,20 @@ def default_schedules(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.IRModule:
                                            gpu.Fallback())(kernels)
 
 
-def build_library(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:
-    """One library with every kernel, callable by symbol: `library[symbol](*inputs, *outputs)`."""
-    return tvm.compile(default_schedules(kernels, spec), target=spec.tvm_target)
+def tuned_schedules(kernels: tvm.IRModule, spec: TargetSpec, database) -> tuple[tvm.IRModule, list[str]]:
+    """The kernels with the best schedule `database` records for each, and the symbols it scheduled."""
+    with spec.tvm_target, database:
+        kernels = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(kernels)
+    tuned = sorted(global_var.name_hint for global_var, function in kernels.functions.items()
+                   if function.attrs and function.attrs.get("tirx.is_scheduled", False))
+    return kernels, tuned
+
+
+def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None) -> tuple[tvm.runtime.Executable,
+                                                                                   list[str]]:
+    """One library with every kernel, callable by symbol (`library[symbol](*inputs, *outputs)`), and the
+    symbols whose schedules came from `database`."""
+    tuned: list[str] = []
+    if database is not None:
+        kernels, tuned = tuned_schedules(kernels, spec, database)
+    return tvm.compile(default_schedules(kernels, spec), target=spec.tvm_target), tuned

@@ -41,3 +41,7 @@ class UnknownModel(TvmschedError, KeyError):
 
 class ArtifactError(TvmschedError):
     """A saved build (library, plan, metadata) is missing, corrupt, or made for something else."""
+
+
+class TuningLogError(TvmschedError):
+    """A tuning log is corrupt, made for another target, or being written by another tuning run."""

@@ -1,0 +1,114 @@
+"""Tuning on llvm with tiny trial counts: records are applied at build, reruns resume without duplicate
+workloads, an interrupted or budget-stopped run keeps its records, foreign and corrupt logs are refused,
+and two runs never write one log at once."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import assert_matches, onnxruntime_outputs
+
+import tvmsched
+from tvmsched import frontend
+from tvmsched.errors import TuningLogError
+from tvmsched.lower import lower
+from tvmsched.target import resolve_target
+from tvmsched.tuning import TuneOptions, TuningLog, tune
+
+LLVM = resolve_target("llvm")
+FAST = {"workers": 2, "search": "replay-trace", "cost_model": "random"}
+
+
+def lowered(model, batch=1):
+    inputs = frontend.bind_input_shapes(model, batch)
+    return lower(frontend.to_relax(model, inputs))
+
+
+def lines(path):
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+@pytest.fixture(scope="module")
+def tuned_log(tmp_path_factory, request):
+    """One tuning run of the branchy model (2 trials per kernel), shared by the tests that read it."""
+    branchy = request.getfixturevalue("branchy_model")
+    log = TuningLog.for_target(LLVM, tmp_path_factory.mktemp("logs"))
+    result = tune(lowered(branchy), LLVM, log, TuneOptions(trials=2, **FAST))
+    return log, result
+
+
+@pytest.fixture(scope="module")
+def branchy_model():
+    import conftest
+
+    return conftest.branchy_model.__wrapped__()
+
+
+def test_tune_writes_records_and_a_manifest(tuned_log):
+    log, result = tuned_log
+    manifest = json.loads((log.directory / "manifest.json").read_text())
+    assert manifest["target"] == LLVM.key and manifest["tvm"] == tvmsched.api.tvm.__version__
+    assert len(manifest["workloads"]) == len(result.tasks) > 0
+    assert all(entry["trials"] >= 1 for entry in manifest["workloads"].values())
+    assert len(lines(log.records_path)) == result.trials
+    assert result.estimated_ms is not None and result.estimated_ms > 0
+
+
+def test_build_applies_the_log_and_matches_onnxruntime(tuned_log, branchy_model):
+    log, _ = tuned_log
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=log.directory.parent)
+    assert model.meta.tuned_kernels and model.meta.tuning_log == str(log.directory)
+    untuned = tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=log.directory, tuned=False)
+    assert untuned.meta.tuned_kernels == ()
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
+    assert_matches([model(x)], onnxruntime_outputs(branchy_model, {"input": x}))
+
+
+def test_rerun_skips_done_kernels_and_adds_no_duplicate_workloads(tuned_log, branchy_model):
+    log, first = tuned_log
+    workloads = lines(log.workloads_path)
+    again = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=2, **FAST))
+    assert again.trials == 0 and again.skipped == len(first.tasks) + first.skipped
+    more = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=3, **FAST))
+    assert more.trials >= 1
+    assert lines(log.workloads_path) == workloads  # the same workloads, none appended twice
+    assert len(set(lines(log.workloads_path))) == len(workloads)
+
+
+def test_time_budget_stops_and_keeps_records(tmp_path, branchy_model):
+    log = TuningLog.for_target(LLVM, tmp_path)
+    result = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, time_budget_s=0, **FAST))
+    assert result.stopped_by_budget and 0 < result.trials < 4 * len(result.tasks)
+    assert len(lines(log.records_path)) == result.trials
+
+
+def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model):
+    log = TuningLog.for_target(LLVM, tmp_path)
+    batches = []
+
+    def interrupt(result):
+        batches.append(result.trials)
+        if len(batches) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, **FAST), progress=interrupt)
+    manifest = json.loads((log.directory / "manifest.json").read_text())
+    assert sum(entry["trials"] for entry in manifest["workloads"].values()) == batches[-1]
+    assert len(lines(log.records_path)) == batches[-1]
+
+
+def test_foreign_corrupt_and_busy_logs_are_refused(tuned_log, tmp_path, branchy_model):
+    log, _ = tuned_log
+    cuda = resolve_target("nvidia/nvidia-h100")
+    with pytest.raises(TuningLogError, match=f"made for {LLVM.key}, not {cuda.key}"):
+        TuningLog.for_target(cuda, log.directory)
+    corrupt = TuningLog(tmp_path / LLVM.key, LLVM.key)
+    corrupt.directory.mkdir()
+    corrupt.workloads_path.write_text(log.workloads_path.read_text())
+    records = lines(log.records_path)
+    corrupt.records_path.write_text("\n".join([records[0], "[0, {broken", *records[1:]]) + "\n")
+    with pytest.raises(TuningLogError, match=r"database_tuning_record.json:2: not a MetaSchedule"):
+        tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=tmp_path)
+    with log.locked(), pytest.raises(TuningLogError, match="another `tvmsched tune` is writing"):
+        tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=5, **FAST))

@@ -1,0 +1,153 @@
+"""Tuning logs: `tuning_logs/<target key>/`, one MetaSchedule JSON database per target plus manifest.json.
+
+The database files are MetaSchedule's own (`database_workload.json`, one workload per line;
+`database_tuning_record.json`, one `[workload index, record]` per line), appended as records are measured,
+so an interrupted run keeps everything it measured. A tuning run holds the log's lock; builds read a
+validated copy, so they never see a half-written line and never block on a running tuner.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from tvmsched.errors import TuningLogError
+from tvmsched.target import TargetSpec
+
+MANIFEST_SCHEMA = 1
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+MANIFEST = "manifest.json"
+
+
+def default_root() -> Path:
+    """$TVMSCHED_TUNING_LOGS, else the `tuning_logs/` shipped beside the package."""
+    return Path(os.environ.get("TVMSCHED_TUNING_LOGS") or Path(__file__).resolve().parents[2] / "tuning_logs")
+
+
+@dataclass(frozen=True)
+class TuningLog:
+    """The tuning log of one target key, in `directory`."""
+
+    directory: Path
+    target_key: str
+
+    @classmethod
+    def for_target(cls, spec: TargetSpec, location: str | Path | None = None) -> TuningLog:
+        """The log for `spec`: `location` itself if it is a log (has a manifest), else `<location or the
+        default root>/<target key>`. A log made for another target key is refused."""
+        location = Path(location) if location else default_root()
+        directory = location if (location / MANIFEST).is_file() else location / spec.key
+        log = cls(directory, spec.key)
+        log.manifest()  # refuses a foreign log before anything uses it
+        return log
+
+    @property
+    def workloads_path(self) -> Path:
+        return self.directory / WORKLOADS
+
+    @property
+    def records_path(self) -> Path:
+        return self.directory / RECORDS
+
+    def exists(self) -> bool:
+        return self.records_path.is_file() and self.records_path.stat().st_size > 0
+
+    def manifest(self) -> dict:
+        """The manifest (an empty one for a new log); raises if it names another target key."""
+        path = self.directory / MANIFEST
+        if not path.is_file():
+            return {"schema": MANIFEST_SCHEMA, "target": self.target_key, "workloads": {}}
+        try:
+            manifest = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise TuningLogError(f"'{path}' is corrupt ({error}); restore it (git checkout) or delete "
+                                 f"the log") from error
+        if manifest.get("target") != self.target_key:
+            raise TuningLogError(f"the tuning log '{self.directory}' was made for {manifest.get('target')}, "
+                                 f"not {self.target_key}; logs are applied only to their own target (tune "
+                                 f"for this one with: tvmsched tune MODEL --target ...)")
+        return manifest
+
+    def write_manifest(self, manifest: dict, device: str) -> None:
+        """Write the manifest atomically, stamped with this TVM version, the device and the date."""
+        manifest = {**manifest, "schema": MANIFEST_SCHEMA, "target": self.target_key, "tvm": tvm.__version__,
+                    "device": device, "updated": datetime.datetime.now().isoformat(timespec="seconds")}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        temporary = self.directory / f".{MANIFEST}.{os.getpid()}.tmp"
+        temporary.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        temporary.replace(self.directory / MANIFEST)
+
+    @contextmanager
+    def locked(self):
+        """Hold the log for writing; a second tuning run on the same log is refused, not interleaved."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / ".lock", "w") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as error:
+                raise TuningLogError(f"another `tvmsched tune` is writing '{self.directory}'; wait for it to "
+                                     f"finish or tune into another --log") from error
+            try:
+                yield self
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def database(self, work_dir: str | Path) -> ms.database.JSONDatabase:
+        """The log as a MetaSchedule database, read from a validated copy in `work_dir`."""
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        workloads = self._valid_lines(self.workloads_path, lambda item: isinstance(item, list))
+        records = self._valid_lines(self.records_path, lambda item: (
+            isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
+            and 0 <= item[0] < len(workloads)))
+        copies = [Path(work_dir) / WORKLOADS, Path(work_dir) / RECORDS]
+        for path, lines in zip(copies, (workloads, records)):
+            path.write_text("".join(lines))
+        return ms.database.JSONDatabase(str(copies[0]), str(copies[1]), allow_missing=False)
+
+    def open_for_tuning(self) -> ms.database.JSONDatabase:
+        """The log's own database, appended to as records are measured (hold `locked()`)."""
+        self._valid_lines(self.workloads_path, lambda item: isinstance(item, list))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return ms.database.JSONDatabase(str(self.workloads_path), str(self.records_path), allow_missing=True)
+
+    def _valid_lines(self, path: Path, valid) -> list[str]:
+        """The file's lines, each checked to be JSON of the right form. A last line without its newline
+        is a record being appended by a running tuner and is left out; any other bad line is an error
+        that names it."""
+        if not path.is_file():
+            return []
+        lines = path.read_text().splitlines(keepends=True)
+        result = []
+        for number, line in enumerate(lines, 1):
+            if number == len(lines) and not line.endswith("\n") and self._being_written():
+                break
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                item = None
+            if item is None or not valid(item):
+                raise TuningLogError(f"{path}:{number}: not a MetaSchedule {path.stem.split('_')[-1]} line; "
+                                     f"restore the file (git checkout {path.name}) or delete that line")
+            result.append(line if line.endswith("\n") else line + "\n")
+        return result
+
+    def _being_written(self) -> bool:
+        lock = self.directory / ".lock"
+        if not lock.is_file():
+            return False
+        with open(lock) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
