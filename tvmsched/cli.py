@@ -282,7 +282,9 @@ def _tune(args) -> None:
                    "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
         with Progress(*columns, console=console) as bar:
             row = bar.add_task(name, total=None, status="extracting tasks")
-            result = tune(lowered, spec, log, options, progress=_tune_reporter(bar, row, args.trials))
+            report = _tune_reporter(bar, row, args.trials)
+            result = tune(lowered, spec, log, options, progress=report)
+            report(result, finished=True)
         stopped = " (time budget spent)" if result.stopped_by_budget else ""
         console.print(f"{name}: {result.trials} trials on {len(result.tasks)} kernels in "
                       f"{result.seconds:.0f} s{stopped}; {result.skipped} kernels already had "
@@ -293,12 +295,21 @@ def _tune(args) -> None:
 
 
 def _tune_reporter(bar, row, trials: int):
-    """A `tune` progress callback that updates one row of a rich Progress: trials, the estimated
-    end-to-end latency, the busiest kernel's best latency, failed builds."""
-    def report(result) -> None:
+    """A `tune` progress callback that updates one row of a rich Progress (trials, the estimated end-to-end
+    latency, the current kernel's best latency, failed builds) and prints a line per finished kernel."""
+    printed = set()
+
+    def report(result, finished: bool = False) -> None:
+        for index, task in enumerate(result.tasks):
+            if (index < result.current or finished) and index not in printed and task.trials:
+                printed.add(index)
+                best = f"best {task.best_ms:.4f} ms" if task.best_ms is not None else "no valid candidate"
+                total = task.trials_before + task.trials
+                bar.console.print(f"  {task.name} (x{task.weight}): {total} trials, {best}")
         estimate = result.estimated_ms
-        current = max(result.tasks, key=lambda task: task.trials, default=None)
-        status = f"{len(result.tasks)} kernels" + (f"; est. {estimate:.3f} ms" if estimate else "")
+        current = result.tasks[result.current] if result.tasks else None
+        status = f"kernel {result.current + 1}/{len(result.tasks)}" + (f"; est. {estimate:.3f} ms" if estimate
+                                                                      else "")
         if current and current.best_ms:
             status += f"; {current.name} best {current.best_ms:.4f} ms"
         if result.failed_builds:

@@ -2,8 +2,11 @@
 
 Each unique kernel (a MetaSchedule task, weighted by how often the model runs it) gets up to `trials`
 measured candidates over all runs: the manifest counts trials per workload, so rerunning continues where
-the last run stopped and skips kernels that have their trials. A time budget stops every task at the next
-measured batch; Ctrl-C stops at once; in both cases every measured record is already in the log.
+the last run stopped and skips kernels that have their trials. Kernels are tuned one after the other, each
+by its own MetaSchedule run sharing builder, runner, cost model and database: tuned together, MetaSchedule
+measures every kernel once before it commits any record, which on the H100 took longer than a device
+session. A time budget stops at the next measured batch; Ctrl-C stops at once; in both cases every
+measured record is already in the log.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import tvm
 import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.analysis import estimate_tir_flops
 
 from tvmsched.errors import TvmschedError
 from tvmsched.lower import LoweredModule
 from tvmsched.target import TargetSpec, target_device_name
+from tvmsched.tuning.builder import PooledBuilder
 from tvmsched.tuning.log import TuningLog
 
 SEARCH_STRATEGIES = ("evolutionary", "replay-trace", "replay-func")
@@ -72,6 +77,7 @@ class TuneResult:
     failed_builds: int = 0
     failed_runs: int = 0
     messages: list[str] = field(default_factory=list)
+    current: int = 0  # index in `tasks` of the kernel being tuned; those before it are finished
 
     @property
     def trials(self) -> int:
@@ -84,16 +90,6 @@ class TuneResult:
         return sum(known) if known else None
 
 
-def build_kernel(mod, target, _params):
-    """MetaSchedule's default build without `import tvm.s_tir.tensor_intrin`: that import takes 20 s of
-    CPU in each fresh builder process and made most CUDA candidates time out; fp32 schedules use no
-    tensor intrinsics."""
-    from tvm.driver import build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
-    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
-
-
 def workload_key(task: ms.ExtractedTask) -> str:
     """A task's workload as the kernel graph names it (structural hash without the symbol)."""
     function = task.dispatched[0]["main"]
@@ -102,14 +98,15 @@ def workload_key(task: ms.ExtractedTask) -> str:
 
 def tune(lowered: LoweredModule, spec: TargetSpec, log: TuningLog, options: TuneOptions,
          progress: Callable[[TuneResult], None] = lambda result: None) -> TuneResult:
-    """Tune the kernels of `lowered` for `spec` into `log`; `progress` is called after every measured
+    """Tune the kernels of `lowered` for `spec` into `log`, one kernel at a time, the most expensive first
+    (weight × FLOPs), so a time budget goes where it matters; `progress` is called after every measured
     batch with the running result."""
     extracted = ms.relax_integration.extract_tasks(lowered.module, _tuning_target(spec))
     with log.locked():
         manifest = log.manifest()
         done = manifest["workloads"]
         tasks, todo = [], []
-        for task in extracted:
+        for task in sorted(extracted, key=_priority, reverse=True):
             key = workload_key(task)
             before = done.get(key, {}).get("trials", 0)
             if before < options.trials and not task.mod.attrs.get("tirx.is_scheduled", False):
@@ -121,35 +118,44 @@ def tune(lowered: LoweredModule, spec: TargetSpec, log: TuningLog, options: Tune
         _quiet_metaschedule_console()
         start = time.perf_counter()
         callback = _ProgressCallback(result, options.time_budget_s, start, progress)
-        device = target_device_name(spec)
+        builder = PooledBuilder(options.workers, options.build_timeout_s)
         try:
             with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir:
                 contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                     todo, work_dir, strategy=options.search, seed=options.seed,
                     num_threads=options.workers or "physical")
-                remaining = [options.trials - task.trials_before for task in tasks]
-                ms.tune_tasks(
-                    tasks=contexts, task_weights=weights, work_dir=work_dir,
-                    max_trials_global=sum(remaining), max_trials_per_task=max(remaining),
-                    num_trials_per_iter=min(64, max(remaining)),
-                    builder=ms.builder.LocalBuilder(f_build=build_kernel, max_workers=options.workers,
-                                                    timeout_sec=options.build_timeout_s),
-                    runner=_runner(options), database=log.open_for_tuning(), cost_model=options.cost_model,
-                    measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), callback])
+                shared = {"builder": builder, "runner": _runner(options), "database": log.open_for_tuning(),
+                          "cost_model": ms.CostModel.create(options.cost_model,
+                                                            num_tuning_cores=contexts[0].num_threads),
+                          "measure_callbacks": [*ms.measure_callback.MeasureCallback.create("default"),
+                                                callback]}
+                for index, (context, weight, task) in enumerate(zip(contexts, weights, tasks)):
+                    result.current = index
+                    trials = options.trials - task.trials_before
+                    ms.tune_tasks(tasks=[context], task_weights=[weight], work_dir=work_dir,
+                                  max_trials_global=trials, num_trials_per_iter=min(64, trials),
+                                  task_scheduler="round-robin", **shared)
+                    callback.check_budget()
         except Exception as error:  # exceptions from the callback arrive re-wrapped by TVM's FFI
             if callback.interrupted or "KeyboardInterrupt" in str(error):
                 raise KeyboardInterrupt from error
             if not result.stopped_by_budget:
                 raise
         finally:
+            builder.shutdown()
             result.seconds = time.perf_counter() - start
             for task in tasks:
                 entry = done.setdefault(task.workload, {"name": task.name, "trials": 0})
                 entry["trials"] = task.trials_before + task.trials
                 if task.best_ms is not None:
                     entry["best_ms"] = min(task.best_ms, entry.get("best_ms", task.best_ms))
-            log.write_manifest(manifest, device)
+            log.write_manifest(manifest, target_device_name(spec))
     return result
+
+
+def _priority(task: ms.ExtractedTask) -> float:
+    """How much of the model's time a kernel is likely to take: runs per inference × FLOPs per run."""
+    return task.weight * float(estimate_tir_flops(task.dispatched[0]))
 
 
 class _BudgetSpent(Exception):
@@ -170,7 +176,7 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
         self.interrupted = False
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-        task = self.result.tasks[task_id]
+        task = self.result.tasks[self.result.current]
         task.trials += len(measure_candidates)
         for built, ran in zip(builder_results, runner_results):
             if built.error_msg:
@@ -187,9 +193,12 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
         except KeyboardInterrupt:
             self.interrupted = True
             raise
+        self.check_budget()  # after the database callback: this batch's records are in the log
+
+    def check_budget(self) -> None:
         if self.budget_s is not None and time.perf_counter() - self.start > self.budget_s:
             self.result.stopped_by_budget = True
-            raise _BudgetSpent  # after the database callback: this batch's records are in the log
+            raise _BudgetSpent
 
     def _remember(self, message: str) -> None:
         """Keep the first few distinct failure reasons (their last line) for the summary."""
@@ -218,7 +227,7 @@ def _tuning_target(spec: TargetSpec) -> tvm.target.Target:
 
 def _runner(options: TuneOptions):
     if not options.rpc:
-        return "local"
+        return ms.runner.LocalRunner()
     host, port, key = _parse_rpc(options.rpc)
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
                                  session_timeout_sec=60)
