@@ -65,6 +65,7 @@ class TaskProgress:
     trials_before: int
     trials: int = 0  # this run
     best_ms: float | None = None
+    seconds: float = 0.0  # this run
 
 
 @dataclass
@@ -132,9 +133,13 @@ def tune(lowered: LoweredModule, spec: TargetSpec, log: TuningLog, options: Tune
                 for index, (context, weight, task) in enumerate(zip(contexts, weights, tasks)):
                     result.current = index
                     trials = options.trials - task.trials_before
-                    ms.tune_tasks(tasks=[context], task_weights=[weight], work_dir=work_dir,
-                                  max_trials_global=trials, num_trials_per_iter=min(64, trials),
-                                  task_scheduler="round-robin", **shared)
+                    began = time.perf_counter()
+                    try:
+                        ms.tune_tasks(tasks=[context], task_weights=[weight], work_dir=work_dir,
+                                      max_trials_global=trials, num_trials_per_iter=min(64, trials),
+                                      task_scheduler="round-robin", **shared)
+                    finally:
+                        task.seconds = time.perf_counter() - began
                     callback.check_budget()
         except Exception as error:  # exceptions from the callback arrive re-wrapped by TVM's FFI
             if callback.interrupted or "KeyboardInterrupt" in str(error):
@@ -147,6 +152,7 @@ def tune(lowered: LoweredModule, spec: TargetSpec, log: TuningLog, options: Tune
             for task in tasks:
                 entry = done.setdefault(task.workload, {"name": task.name, "trials": 0})
                 entry["trials"] = task.trials_before + task.trials
+                entry["seconds"] = round(entry.get("seconds", 0.0) + task.seconds, 1)
                 if task.best_ms is not None:
                     entry["best_ms"] = min(task.best_ms, entry.get("best_ms", task.best_ms))
             log.write_manifest(manifest, target_device_name(spec))

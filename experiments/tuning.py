@@ -1,0 +1,119 @@
+"""Tuned against default kernels on a GPU: each zoo model compiled twice for one stream (sequential plan, one
+CUDA Graph), with dlight defaults and with the shipped tuning log, next to PyTorch running the same ONNX
+graph (cuDNN, eager and one CUDA Graph, TF32 off) in the same process; prints a table and writes JSON.
+
+    python -m experiments.tuning --out experiments/results/tuning_h100.json --models squeezenet googlenet
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+import numpy as np
+import tvm
+
+import tvmsched
+from experiments.common import command, median_ms
+from tvmsched import zoo
+from tvmsched.target import device_name, resolve_target
+from tvmsched.tuning import TuningLog
+
+
+def measure(name: str, args) -> dict:
+    proto = zoo.build(name, batch=args.batch)
+    default = tvmsched.compile(proto, target=args.target, batch=args.batch, tuned=False)
+    tuned = tvmsched.compile(proto, target=args.target, batch=args.batch)
+    x = np.random.default_rng(0).standard_normal(default.inputs[0].shape).astype("float32")
+    expected = default(x)
+    workloads = {kernel.workload for kernel in tuned.graph.kernels}
+    entries = TuningLog.for_target(resolve_target(args.target)).manifest()["workloads"]
+    tuned_entries = [entries[w] for w in workloads if w in entries]
+    row = {"model": name, "batch": args.batch, "kernels": len(tuned.graph.kernels),
+           "unique_kernels": len(workloads), "tuned_kernels": len(tuned.meta.tuned_kernels),
+           "trials": sum(entry["trials"] for entry in tuned_entries),
+           "tuning_s": round(sum(entry.get("seconds", 0.0) for entry in tuned_entries), 1),
+           "default_ms": median_ms(default, args.repeat)[0], "tuned_ms": median_ms(tuned, args.repeat)[0],
+           "max_rel_diff_tuned_vs_default": _relative(tuned(x), expected)}
+    row["speedup"] = round(row["default_ms"] / row["tuned_ms"], 3)
+    row.update(_pytorch(proto, x, expected, args.repeat))
+    print(f"  {name:13s} default {row['default_ms']:7.3f} ms  tuned {row['tuned_ms']:7.3f} ms "
+          f"({row['speedup']:.2f}x, {row['tuned_kernels']} kernels tuned)  pytorch graph "
+          f"{row.get('pytorch_graph_ms', float('nan')):7.3f} ms", flush=True)
+    return row
+
+
+def _pytorch(proto, x: np.ndarray, expected: np.ndarray, repeat: int) -> dict:
+    """PyTorch eager and CUDA Graph latency of the same graph and weights (median of per-inference CUDA
+    event times), and its difference from tvmsched's output."""
+    try:
+        import torch
+
+        from experiments.torch_onnx import OnnxModule, cuda_graph
+    except ImportError as error:
+        return {"pytorch": f"not measured: {error}"}
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    module = OnnxModule(proto).cuda().eval()
+    example = torch.from_numpy(x).cuda()
+    replay, _, output = cuda_graph(module, example)
+    replay()
+    with torch.no_grad():
+        eager = _event_median(lambda: module(example), repeat)
+    return {"pytorch": torch.__version__, "pytorch_eager_ms": eager,
+            "pytorch_graph_ms": _event_median(replay, repeat),
+            "max_rel_diff_pytorch_vs_default": _relative(output.cpu().numpy(), expected)}
+
+
+def _event_median(run, repeat: int) -> float:
+    import torch
+
+    for _ in range(20):
+        run()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return round(statistics.median(times), 4)
+
+
+def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(actual - expected).max() / max(float(np.abs(expected).max()), 1e-30))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--models", nargs="+", default=zoo.list_models())
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--repeat", type=int, default=100)
+    args = parser.parse_args()
+    rows = []
+    for name in args.models:
+        rows.append(measure(name, args))
+        with open(args.out, "w") as file:  # after every model, so a cut-off run keeps what it measured
+            json.dump(result(rows, args), file, indent=1)
+    return 0
+
+
+def result(rows: list[dict], args) -> dict:
+    return {"experiment": "tuning", "device": device_name(resolve_target(args.target)),
+            "date": datetime.date.today().isoformat(), "tvm": tvm.__version__,
+            "command": command("experiments.tuning"),
+            "plan": "sequential schedule, one stream, one CUDA Graph (tvmsched); PyTorch runs the same ONNX "
+                    "graph with torch.nn.functional (cuDNN), TF32 off, cudnn.benchmark on",
+            "timing": "CUDA events around each inference, median of `repeat` (tvmsched: median of 3 runs)",
+            "results": rows}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
