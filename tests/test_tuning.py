@@ -52,6 +52,8 @@ def test_tune_writes_records_and_a_manifest(tuned_log):
     assert all(entry["trials"] >= 1 for entry in manifest["workloads"].values())
     assert len(lines(log.records_path)) == result.trials
     assert result.estimated_ms is not None and result.estimated_ms > 0
+    work = [task.weight * task.flops for task in result.tasks]
+    assert work == sorted(work, reverse=True)  # the most expensive kernels first
 
 
 def test_build_applies_the_log_and_matches_onnxruntime(tuned_log, branchy_model):
@@ -112,3 +114,23 @@ def test_foreign_corrupt_and_busy_logs_are_refused(tuned_log, tmp_path, branchy_
         tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=tmp_path)
     with log.locked(), pytest.raises(TuningLogError, match="another `tvmsched tune` is writing"):
         tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=5, **FAST))
+
+
+def test_tune_measures_through_an_rpc_tracker(tmp_path, branchy_model):
+    """--rpc: candidates run on a server registered with a tracker (both local here, on llvm)."""
+    from tvm import rpc
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    server = rpc.Server(host="127.0.0.1", port=9300, port_end=9400, key="tvmsched-test",
+                        tracker_addr=("127.0.0.1", tracker.port), silent=True)
+    try:
+        log = TuningLog.for_target(LLVM, tmp_path)
+        options = TuneOptions(trials=2, rpc=f"127.0.0.1:{tracker.port}:tvmsched-test", **FAST)
+        result = tune(lowered(branchy_model), LLVM, log, options)
+    finally:
+        server.terminate()
+        tracker.terminate()
+    assert result.trials > 0 and result.failed_runs == 0 and result.failed_builds == 0
+    assert all(task.best_ms is not None for task in result.tasks)
+    assert len(lines(log.records_path)) == result.trials

@@ -252,6 +252,12 @@ class CompiledModel:
                 "repeat": repeat, "warmup": warmup, "executor": self.executor_name,
                 "device": device_name(self.meta.target)}
 
+    def profile(self, repeat: int = 50):
+        """Per-kernel latencies and one inference's stream timeline (a `tvmsched.profile.Profile`)."""
+        from tvmsched.profile import profile
+
+        return profile(self, repeat)
+
     def save(self, directory: str | Path) -> Path:
         """Write model.so, graph.json, plan.json, constants.npz, then meta.json with their digests.
 

@@ -85,6 +85,19 @@ def _build_parser() -> _Parser:
     bench.add_argument("--repeat", type=int, default=50, help="timed runs; the median is reported")
     bench.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON")
     bench.set_defaults(handler=_bench)
+
+    profile = commands.add_parser(
+        "profile", help="per-kernel latencies, a stream timeline and a schedule plot",
+        description="Time every kernel alone (median of --repeat) with its FLOPs, bytes, TFLOP/s, GB/s and "
+                    "share of the GPU's roofline, trace one inference with a track per stream, and write "
+                    "kernels.csv, profile.json, trace.json (open it in https://ui.perfetto.dev), "
+                    "timeline.png and schedule.png/.svg into -o DIR.")
+    profile.add_argument("model", help="a build directory, an .onnx file or a zoo model name")
+    profile.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="where to write")
+    _add_compile_flags(profile)
+    profile.add_argument("--repeat", type=int, default=50, help="timed runs per kernel (default 50)")
+    profile.add_argument("--top", type=int, default=20, help="kernels shown in the table (default 20)")
+    profile.set_defaults(handler=_profile)
     _add_tune_command(commands)
     return parser
 
@@ -251,6 +264,29 @@ def _bench(args) -> None:
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 
+
+
+def _profile(args) -> None:
+    from tvmsched import plot
+
+    model = _compiled(args)
+    with console.status(f"profiling {len(model.graph.kernels)} kernels"):
+        result = model.profile(repeat=args.repeat)
+    table = Table("kernel", "ops", "output", "ms", "%", "TFLOP/s", "GB/s", "roofline %", "tuned",
+                  title=f"{args.model} on {result.device} ({result.schedule}): inference "
+                        f"{result.benchmark_ms:.3f} ms ({result.inference_ms:.3f} ms traced), kernels "
+                        f"alone {result.kernel_ms:.3f} ms")
+    for kernel in result.by_time()[:args.top]:
+        roofline = "" if kernel.roofline_pct is None else f"{kernel.roofline_pct:.0f}"
+        table.add_row(f"{kernel.id} {kernel.symbol}", "+".join(kernel.op_kinds), kernel.output,
+                      f"{kernel.ms:.4f}", f"{100 * kernel.ms / result.kernel_ms:.1f}", f"{kernel.tflops:.2f}",
+                      f"{kernel.gbps:.1f}", roofline, "yes" if kernel.tuned else "")
+    Console().print(table)
+    written = result.save(args.output)
+    written.append(plot.timeline(result, args.output / "timeline.png"))
+    written += [plot.schedule(model.graph, model.plan, args.output / f"schedule.{suffix}")
+                for suffix in ("png", "svg")]
+    console.print(f"wrote {', '.join(path.name for path in written)} to {args.output}/")
 
 
 def _tune(args) -> None:

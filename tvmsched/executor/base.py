@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -13,6 +14,16 @@ from tvmsched.graph import KernelGraph
 from tvmsched.plan import ExecutionPlan
 
 EXECUTORS: dict[str, type[Executor]] = {}
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """When one kernel ran in a traced inference, in milliseconds on one clock."""
+
+    kernel: int
+    stream: int
+    start_ms: float
+    end_ms: float
 
 
 def register_executor(name: str):
@@ -85,3 +96,15 @@ class Executor(ABC):
             self.synchronize()
             times.append((time.perf_counter() - start) * 1e3)
         return times
+
+    def trace(self) -> list[TraceEvent]:
+        """One inference with each kernel timed by the host clock, in plan order (waiting for each)."""
+        events = []
+        for launch in self.plan.launches:
+            function = self.functions[self.graph.kernels[launch.kernel].symbol]
+            arguments = self.kernel_arguments(launch.kernel)
+            start = time.perf_counter()
+            function(*arguments)
+            self.device.sync()
+            events.append(TraceEvent(launch.kernel, launch.stream, start * 1e3, time.perf_counter() * 1e3))
+        return events

@@ -12,7 +12,7 @@ from dataclasses import replace
 import tvm_ffi
 
 from tvmsched.errors import TargetError
-from tvmsched.executor.base import Executor, register_executor
+from tvmsched.executor.base import Executor, TraceEvent, register_executor
 from tvmsched.memory import MemoryPlan
 from tvmsched.plan import Launch
 
@@ -57,10 +57,14 @@ class StreamsExecutor(Executor):
         flags = self.cudart.cudaEventDefault if timing else self.cudart.cudaEventDisableTiming
         return check(self.cudart.cudaEventCreateWithFlags(flags))
 
-    def issue(self, launches: tuple[Launch, ...] | None = None) -> None:
+    def issue(self, launches: tuple[Launch, ...] | None = None, timing: dict | None = None,
+              origin=None) -> None:
         """Fork from stream 0, issue every launch (default: the plan's) on its stream after its waits,
-        join back to stream 0."""
+        join back to stream 0; `timing` maps kernels to (start, end) events recorded around them, after
+        the event `origin` on stream 0 (as graph nodes when captured)."""
         cudart, main = self.cudart, self.streams[0]
+        if origin is not None:
+            self._record_timing(origin, main)
         check(cudart.cudaEventRecord(self.fork_event, main))
         for stream in self.streams[1:]:
             check(cudart.cudaStreamWaitEvent(stream, self.fork_event, 0))
@@ -69,30 +73,60 @@ class StreamsExecutor(Executor):
             for producer in launch.waits:
                 check(cudart.cudaStreamWaitEvent(stream, self.events[producer], 0))
             function, arguments = self.calls[launch.kernel]
+            if timing:
+                self._record_timing(timing[launch.kernel][0], stream)
             with tvm_ffi.use_raw_stream(self.device, int(stream)):
                 function(*arguments)
+            if timing:
+                self._record_timing(timing[launch.kernel][1], stream)
             if launch.kernel in self.events:
                 check(cudart.cudaEventRecord(self.events[launch.kernel], stream))
         for stream, event in zip(self.streams[1:], self.join_events):
             check(cudart.cudaEventRecord(event, stream))
             check(cudart.cudaStreamWaitEvent(main, event, 0))
 
+    def _record_timing(self, event, stream) -> None:
+        """Record a timing event; under capture it becomes an event-record node of the graph."""
+        check(self.cudart.cudaEventRecordWithFlags(event, stream, self.cudart.cudaEventRecordExternal))
+
     def launch(self) -> None:
         self.issue()
 
-    def capture(self, launches: tuple[Launch, ...]):
-        """A CUDA Graph (not yet instantiated) of `launches`, recorded from stream 0."""
+    def capture(self, launches: tuple[Launch, ...], **timing):
+        """A CUDA Graph (not yet instantiated) of `launches`, recorded from stream 0 (`timing`: see
+        `issue`)."""
         cudart, main = self.cudart, self.streams[0]
         mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         check(cudart.cudaStreamBeginCapture(main, mode))
         try:
-            self.issue(launches)
+            self.issue(launches, **timing)
         finally:
             graph = check(cudart.cudaStreamEndCapture(main))
         return graph
 
     def synchronize(self) -> None:
         check(self.cudart.cudaStreamSynchronize(self.streams[0]))
+
+    def trace(self) -> list[TraceEvent]:
+        """One inference issued live on the streams with timing events around each kernel."""
+        return self._timed(lambda timing, origin: self.issue(timing=timing, origin=origin))
+
+    def _timed(self, run) -> list[TraceEvent]:
+        """Call `run(timing, origin)` with fresh timing events, wait, and read when each kernel ran."""
+        cudart = self.cudart
+        origin = self._event(timing=True)
+        timing = {launch.kernel: (self._event(timing=True), self._event(timing=True))
+                  for launch in self.plan.launches}
+        try:
+            run(timing, origin)
+            self.synchronize()
+            return [TraceEvent(launch.kernel, launch.stream,
+                               check(cudart.cudaEventElapsedTime(origin, timing[launch.kernel][0])),
+                               check(cudart.cudaEventElapsedTime(origin, timing[launch.kernel][1])))
+                    for launch in self.plan.launches]
+        finally:
+            for event in [origin, *(event for pair in timing.values() for event in pair)]:
+                check(cudart.cudaEventDestroy(event))
 
     def time_launches(self, repeat: int) -> list[float]:
         """Milliseconds of each of `repeat` inferences, by CUDA events on stream 0."""
@@ -119,6 +153,21 @@ class CudaGraphExecutor(StreamsExecutor):
 
     def launch(self) -> None:
         check(self.cudart.cudaGraphLaunch(self.graph_exec, self.streams[0]))
+
+    def trace(self) -> list[TraceEvent]:
+        """One replay of the plan's CUDA Graph captured with timing-event nodes around each kernel."""
+        def replay(timing, origin) -> None:
+            cudart, main = self.cudart, self.streams[0]
+            graph = self.capture(self.plan.launches, timing=timing, origin=origin)
+            executable = check(cudart.cudaGraphInstantiate(graph, 0))
+            try:
+                for _ in range(2):  # the first replay uploads the graph
+                    check(cudart.cudaGraphLaunch(executable, main))
+                    self.synchronize()
+            finally:
+                check(cudart.cudaGraphExecDestroy(executable))
+                check(cudart.cudaGraphDestroy(graph))
+        return self._timed(replay)
 
 
 class StageTimer(StreamsExecutor):

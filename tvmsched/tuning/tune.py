@@ -61,7 +61,8 @@ class TuneOptions:
 class TaskProgress:
     name: str
     workload: str
-    weight: int
+    weight: int  # runs per inference
+    flops: int  # per run
     trials_before: int
     trials: int = 0  # this run
     best_ms: float | None = None
@@ -107,12 +108,15 @@ def tune(lowered: LoweredModule, spec: TargetSpec, log: TuningLog, options: Tune
         manifest = log.manifest()
         done = manifest["workloads"]
         tasks, todo = [], []
-        for task in sorted(extracted, key=_priority, reverse=True):
+        for task in extracted:
             key = workload_key(task)
             before = done.get(key, {}).get("trials", 0)
             if before < options.trials and not task.mod.attrs.get("tirx.is_scheduled", False):
-                tasks.append(TaskProgress(task.task_name, key, int(task.weight), before))
+                flops = int(estimate_tir_flops(task.dispatched[0]))
+                tasks.append(TaskProgress(task.task_name, key, int(task.weight), flops, before))
                 todo.append(task)
+        order = sorted(range(len(tasks)), key=lambda i: tasks[i].weight * tasks[i].flops, reverse=True)
+        tasks, todo = [tasks[i] for i in order], [todo[i] for i in order]
         result = TuneResult(log, tasks, skipped=len(extracted) - len(tasks))
         if not todo:
             return result
@@ -157,11 +161,6 @@ def tune(lowered: LoweredModule, spec: TargetSpec, log: TuningLog, options: Tune
                     entry["best_ms"] = min(task.best_ms, entry.get("best_ms", task.best_ms))
             log.write_manifest(manifest, target_device_name(spec))
     return result
-
-
-def _priority(task: ms.ExtractedTask) -> float:
-    """How much of the model's time a kernel is likely to take: runs per inference × FLOPs per run."""
-    return task.weight * float(estimate_tir_flops(task.dispatched[0]))
 
 
 class _BudgetSpent(Exception):
