@@ -219,8 +219,8 @@ def _compiled(args):
                                  cost=args.cost, tuning_log=args.log, tuned=not args.untuned, **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
-             else "none tuned" + (" (--untuned)" if args.untuned else f" (no tuning log for "
-                                                                        f"{model.meta.target.key})"))
+             else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
+                                                                      f"{model.meta.target.key}"))
     console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key} "
                   f"({tuned}), {model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
