@@ -3,6 +3,7 @@ workloads, an interrupted or budget-stopped run keeps its records, foreign and c
 and two runs never write one log at once."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -25,7 +26,9 @@ def lowered(model, batch=1):
 
 
 def lines(path):
-    return path.read_text().splitlines() if path.is_file() else []
+    """A log file's lines, packed or not (a finished run leaves only the packed .gz)."""
+    log = TuningLog(path.parent, LLVM.key)
+    return [line.rstrip("\n") for line in log.lines(path)]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +110,7 @@ def test_foreign_corrupt_and_busy_logs_are_refused(tuned_log, tmp_path, branchy_
         TuningLog.for_target(cuda, log.directory)
     corrupt = TuningLog(tmp_path / LLVM.key, LLVM.key)
     corrupt.directory.mkdir()
-    corrupt.workloads_path.write_text(log.workloads_path.read_text())
+    corrupt.workloads_path.write_text("".join(log.lines(log.workloads_path)))
     records = lines(log.records_path)
     corrupt.records_path.write_text("\n".join([records[0], "[0, {broken", *records[1:]]) + "\n")
     with pytest.raises(TuningLogError, match=r"database_tuning_record.json:2: not a MetaSchedule"):
@@ -134,3 +137,22 @@ def test_tune_measures_through_an_rpc_tracker(tmp_path, branchy_model):
     assert result.trials > 0 and result.failed_runs == 0 and result.failed_builds == 0
     assert all(task.best_ms is not None for task in result.tasks)
     assert len(lines(log.records_path)) == result.trials
+
+
+def test_log_is_packed_and_a_killed_runs_leftovers_are_used_then_packed(tuned_log, tmp_path, branchy_model):
+    log, _ = tuned_log
+    assert not log.records_path.exists() and not log.workloads_path.exists()
+    packed = [log.directory / (path.name + ".gz") for path in (log.workloads_path, log.records_path)]
+    assert all(path.is_file() for path in packed) and lines(log.records_path)
+    # a run killed mid-append leaves unpacked files, the last line cut off
+    left = TuningLog(tmp_path / LLVM.key, LLVM.key)
+    shutil.copytree(log.directory, left.directory)
+    records = lines(log.records_path)
+    left.workloads_path.write_text("".join(log.lines(log.workloads_path)))
+    left.records_path.write_text("\n".join(records[:-1]) + "\n" + records[-1][:40])
+    assert lines(left.records_path)[:-1] == records[:-1]  # builds see the newest state ...
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=left.directory)
+    assert model.meta.tuned_kernels  # ... without the cut-off line
+    with left.locked():  # the next run packs them first
+        assert not left.records_path.exists()
+    assert lines(left.records_path) == records[:-1]

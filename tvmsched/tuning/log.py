@@ -1,15 +1,19 @@
 """Tuning logs: `tuning_logs/<target key>/`, one MetaSchedule JSON database per target plus manifest.json.
 
-The database files are MetaSchedule's own (`database_workload.json`, one workload per line;
-`database_tuning_record.json`, one `[workload index, record]` per line), appended as records are measured,
-so an interrupted run keeps everything it measured. A tuning run holds the log's lock; builds read a
-validated copy, so they never see a half-written line and never block on a running tuner.
+The database is MetaSchedule's own JSON (`database_workload.json`, one workload per line;
+`database_tuning_record.json`, one `[workload index, record]` per line), kept gzip-compressed (`.json.gz`,
+20x smaller: a zoo's log must fit in git and in a device call). A tuning run holds the log's lock,
+unpacks the files beside the archives, lets MetaSchedule append each record as it is measured, and packs
+them again when it ends; a run killed before that leaves the unpacked files, the newest state, which builds
+read and the next run packs first. Builds read a validated copy of the newest state, so they never see a
+half-written line and never block on a running tuner.
 """
 
 from __future__ import annotations
 
 import datetime
 import fcntl
+import gzip
 import json
 import os
 from contextlib import contextmanager
@@ -52,14 +56,26 @@ class TuningLog:
 
     @property
     def workloads_path(self) -> Path:
+        """The unpacked workloads file (present while a run tunes into the log)."""
         return self.directory / WORKLOADS
 
     @property
     def records_path(self) -> Path:
+        """The unpacked records file (present while a run tunes into the log)."""
         return self.directory / RECORDS
 
     def exists(self) -> bool:
-        return self.records_path.is_file() and self.records_path.stat().st_size > 0
+        return any(path.is_file() and path.stat().st_size > 0
+                   for path in (self.records_path, _packed(self.records_path)))
+
+    def lines(self, path: Path) -> list[str]:
+        """The lines of `workloads_path` or `records_path`: unpacked where a run left them, else packed."""
+        if path.is_file():
+            return path.read_text().splitlines(keepends=True)
+        if _packed(path).is_file():
+            with gzip.open(_packed(path), "rt") as file:
+                return file.read().splitlines(keepends=True)
+        return []
 
     def manifest(self) -> dict:
         """The manifest (an empty one for a new log); raises if it names another target key."""
@@ -97,6 +113,7 @@ class TuningLog:
                 raise TuningLogError(f"another `tvmsched tune` is writing '{self.directory}'; wait for it to "
                                      f"finish or tune into another --log") from error
             try:
+                self.pack()  # what a killed run left unpacked
                 yield self
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
@@ -113,41 +130,54 @@ class TuningLog:
             path.write_text("".join(lines))
         return ms.database.JSONDatabase(str(copies[0]), str(copies[1]), allow_missing=False)
 
-    def open_for_tuning(self) -> ms.database.JSONDatabase:
-        """The log's own database, appended to as records are measured (hold `locked()`)."""
+    @contextmanager
+    def unpacked(self):
+        """The log's own database, unpacked for MetaSchedule to append records to as they are measured,
+        and packed again on the way out, however the run ends (hold `locked()`)."""
         self._valid_lines(self.workloads_path, lambda item: isinstance(item, list))
         self.directory.mkdir(parents=True, exist_ok=True)
-        return ms.database.JSONDatabase(str(self.workloads_path), str(self.records_path), allow_missing=True)
+        for path in (self.workloads_path, self.records_path):
+            path.write_text("".join(self.lines(path)))
+        try:
+            yield ms.database.JSONDatabase(str(self.workloads_path), str(self.records_path),
+                                           allow_missing=False)
+        finally:
+            self.pack()
+
+    def pack(self) -> None:
+        """Compress the unpacked files into their archives (atomically) and remove them; a last line that
+        a killed run did not finish writing is dropped."""
+        for path in (self.workloads_path, self.records_path):
+            if path.is_file():
+                text = path.read_text()
+                if not text.endswith("\n"):
+                    text = text[:text.rfind("\n") + 1]
+                temporary = path.with_name(f".{path.name}.{os.getpid()}.gz")
+                temporary.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+                temporary.replace(_packed(path))
+                path.unlink()
 
     def _valid_lines(self, path: Path, valid) -> list[str]:
         """The file's lines, each checked to be JSON of the right form. A last line without its newline
-        is a record being appended by a running tuner and is left out; any other bad line is an error
-        that names it."""
-        if not path.is_file():
-            return []
-        lines = path.read_text().splitlines(keepends=True)
+        (being appended by a running tuner, or cut off by a killed one) is left out; any other bad line is
+        an error that names it."""
+        lines = self.lines(path)
+        where = path if path.is_file() else _packed(path)
         result = []
         for number, line in enumerate(lines, 1):
-            if number == len(lines) and not line.endswith("\n") and self._being_written():
+            if number == len(lines) and not line.endswith("\n"):
                 break
             try:
                 item = json.loads(line)
             except json.JSONDecodeError:
                 item = None
             if item is None or not valid(item):
-                raise TuningLogError(f"{path}:{number}: not a MetaSchedule {path.stem.split('_')[-1]} line; "
-                                     f"restore the file (git checkout {path.name}) or delete that line")
-            result.append(line if line.endswith("\n") else line + "\n")
+                kind = path.stem.split("_")[-1]
+                raise TuningLogError(f"{where}:{number}: not a MetaSchedule {kind} line; restore the file "
+                                     f"(git checkout {where.name}) or delete that line")
+            result.append(line)
         return result
 
-    def _being_written(self) -> bool:
-        lock = self.directory / ".lock"
-        if not lock.is_file():
-            return False
-        with open(lock) as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            return False
+
+def _packed(path: Path) -> Path:
+    return path.with_name(path.name + ".gz")

@@ -125,11 +125,11 @@ def tune(lowered: LoweredModule, spec: TargetSpec, log: TuningLog, options: Tune
         callback = _ProgressCallback(result, options.time_budget_s, start, progress)
         builder = PooledBuilder(options.workers, options.build_timeout_s)
         try:
-            with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir:
+            with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, log.unpacked() as database:
                 contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                     todo, work_dir, strategy=options.search, seed=options.seed,
                     num_threads=options.workers or "physical")
-                shared = {"builder": builder, "runner": _runner(options), "database": log.open_for_tuning(),
+                shared = {"builder": builder, "runner": _runner(options), "database": database,
                           "cost_model": ms.CostModel.create(options.cost_model,
                                                             num_tuning_cores=contexts[0].num_threads),
                           "measure_callbacks": [*ms.measure_callback.MeasureCallback.create("default"),
