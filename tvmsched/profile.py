@@ -154,8 +154,7 @@ def _kernel_timer(model):
                                                        replays=max(1, repeat // copies)) / copies
 
     def time_kernel(kernel: int, repeat: int) -> float:
-        function = executor.functions[model.graph.kernels[kernel].symbol]
-        arguments = executor.kernel_arguments(kernel)
+        function, arguments = executor.kernel_call(kernel)
         function(*arguments)
         times = []
         for _ in range(repeat):

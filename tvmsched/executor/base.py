@@ -68,9 +68,11 @@ class Executor(ABC):
                 self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
         self.functions = {symbol: library[symbol] for symbol in {kernel.symbol for kernel in graph.kernels}}
 
-    def kernel_arguments(self, kernel_id: int) -> list[tvm.runtime.Tensor]:
+    def kernel_call(self, kernel_id: int) -> tuple[object, list[tvm.runtime.Tensor]]:
+        """The kernel's compiled function and the buffers it is called with (inputs, then outputs)."""
         kernel = self.graph.kernels[kernel_id]
-        return [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+        arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+        return self.functions[kernel.symbol], arguments
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         for tensor, value in zip(self.graph.inputs, inputs):
@@ -101,8 +103,7 @@ class Executor(ABC):
         """One inference with each kernel timed by the host clock, in plan order (waiting for each)."""
         events = []
         for launch in self.plan.launches:
-            function = self.functions[self.graph.kernels[launch.kernel].symbol]
-            arguments = self.kernel_arguments(launch.kernel)
+            function, arguments = self.kernel_call(launch.kernel)
             start = time.perf_counter()
             function(*arguments)
             self.device.sync()

@@ -11,8 +11,7 @@ class SequentialExecutor(Executor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.calls = [(self.functions[self.graph.kernels[launch.kernel].symbol],
-                       self.kernel_arguments(launch.kernel)) for launch in self.plan.launches]
+        self.calls = [self.kernel_call(launch.kernel) for launch in self.plan.launches]
 
     def launch(self) -> None:
         for function, arguments in self.calls:

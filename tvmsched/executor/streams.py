@@ -50,8 +50,7 @@ class StreamsExecutor(Executor):
         self.events = {kernel: self._event() for kernel in signaled}
         self.fork_event = self._event()
         self.join_events = [self._event() for _ in self.streams[1:]]
-        self.calls = {kernel.id: (self.functions[kernel.symbol], self.kernel_arguments(kernel.id))
-                      for kernel in self.graph.kernels}
+        self.calls = {kernel.id: self.kernel_call(kernel.id) for kernel in self.graph.kernels}
 
     def _event(self, timing: bool = False):
         flags = self.cudart.cudaEventDefault if timing else self.cudart.cudaEventDisableTiming

@@ -15,7 +15,7 @@ from tvm.s_tir.meta_schedule.builder.local_builder import default_export
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
 
-def build_kernel(mod, target, _params=None):
+def build_kernel(mod, target):
     """MetaSchedule's default build without `import tvm.s_tir.tensor_intrin`."""
     from tvm.driver import build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock

@@ -115,8 +115,8 @@ def tune(lowered: LoweredModule, spec: TargetSpec, log: TuningLog, options: Tune
                 flops = int(estimate_tir_flops(task.dispatched[0]))
                 tasks.append(TaskProgress(task.task_name, key, int(task.weight), flops, before))
                 todo.append(task)
-        order = sorted(range(len(tasks)), key=lambda i: tasks[i].weight * tasks[i].flops, reverse=True)
-        tasks, todo = [tasks[i] for i in order], [todo[i] for i in order]
+        pairs = sorted(zip(tasks, todo), key=lambda pair: pair[0].weight * pair[0].flops, reverse=True)
+        tasks, todo = [task for task, _ in pairs], [extracted for _, extracted in pairs]
         result = TuneResult(log, tasks, skipped=len(extracted) - len(tasks))
         if not todo:
             return result
