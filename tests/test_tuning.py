@@ -115,6 +115,11 @@ def test_foreign_corrupt_and_busy_logs_are_refused(tuned_log, tmp_path, branchy_
     corrupt.records_path.write_text("\n".join([records[0], "[0, {broken", *records[1:]]) + "\n")
     with pytest.raises(TuningLogError, match=r"database_tuning_record.json:2: not a MetaSchedule"):
         tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=tmp_path)
+    corrupt.records_path.unlink()  # now the packed archive is read: cut it short
+    packed = corrupt.directory / (corrupt.records_path.name + ".gz")
+    packed.write_bytes((log.directory / packed.name).read_bytes()[:100])
+    with pytest.raises(TuningLogError, match=r"database_tuning_record.json.gz' is corrupt .*git checkout"):
+        tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=tmp_path)
     with log.locked(), pytest.raises(TuningLogError, match="another `tvmsched tune` is writing"):
         tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=5, **FAST))
 

@@ -73,8 +73,12 @@ class TuningLog:
         if path.is_file():
             return path.read_text().splitlines(keepends=True)
         if _packed(path).is_file():
-            with gzip.open(_packed(path), "rt") as file:
-                return file.read().splitlines(keepends=True)
+            try:
+                with gzip.open(_packed(path), "rt") as file:
+                    return file.read().splitlines(keepends=True)
+            except (OSError, EOFError, UnicodeDecodeError) as error:
+                raise TuningLogError(f"'{_packed(path)}' is corrupt ({error}); restore it (git checkout "
+                                     f"{_packed(path).name}) or delete the log") from error
         return []
 
     def manifest(self) -> dict:
@@ -134,10 +138,10 @@ class TuningLog:
     def unpacked(self):
         """The log's own database, unpacked for MetaSchedule to append records to as they are measured,
         and packed again on the way out, however the run ends (hold `locked()`)."""
-        self._valid_lines(self.workloads_path, lambda item: isinstance(item, list))
+        workloads = self._valid_lines(self.workloads_path, lambda item: isinstance(item, list))
         self.directory.mkdir(parents=True, exist_ok=True)
-        for path in (self.workloads_path, self.records_path):
-            path.write_text("".join(self.lines(path)))
+        self.workloads_path.write_text("".join(workloads))
+        self.records_path.write_text("".join(self.lines(self.records_path)))
         try:
             yield ms.database.JSONDatabase(str(self.workloads_path), str(self.records_path),
                                            allow_missing=False)
