@@ -37,7 +37,19 @@ def tuned_log(tmp_path_factory, request):
     branchy = request.getfixturevalue("branchy_model")
     log = TuningLog.for_target(LLVM, tmp_path_factory.mktemp("logs"))
     result = tune(lowered(branchy), LLVM, log, TuneOptions(trials=2, **FAST))
+    set_defaults(log, lambda key, entry: None)  # 2 random trials rarely beat llvm's default: apply them all
     return log, result
+
+
+def set_defaults(log, default_ms):
+    """Rewrite the manifest's default latency of each workload to `default_ms(key, entry)` (None:
+    unmeasured)."""
+    manifest = log.manifest()
+    for key, entry in manifest["workloads"].items():
+        entry.pop("default_ms", None)
+        if default_ms(key, entry) is not None:
+            entry["default_ms"] = default_ms(key, entry)
+    log.write_manifest(manifest, manifest["device"])
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +67,7 @@ def test_tune_writes_records_and_a_manifest(tuned_log):
     assert all(entry["trials"] >= 1 for entry in manifest["workloads"].values())
     assert len(lines(log.records_path)) == result.trials
     assert result.estimated_ms is not None and result.estimated_ms > 0
-    work = [task.weight * task.flops for task in result.tasks]
+    work = [task.priority for task in result.tasks]
     assert work == sorted(work, reverse=True)  # the most expensive kernels first
 
 
@@ -69,6 +81,18 @@ def test_build_applies_the_log_and_matches_onnxruntime(tuned_log, branchy_model)
     assert_matches([model(x)], onnxruntime_outputs(branchy_model, {"input": x}))
 
 
+def test_build_keeps_the_default_where_tuning_measured_slower(tuned_log, tmp_path, branchy_model):
+    log, _ = tuned_log
+    copy = TuningLog(shutil.copytree(log.directory, tmp_path / LLVM.key), LLVM.key)
+    slower = next(key for key, entry in copy.manifest()["workloads"].items() if "best_ms" in entry)
+    set_defaults(copy, lambda key, entry: entry["best_ms"] / (2 if key == slower else 0.5))
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=copy.directory)
+    symbols = {kernel.symbol for kernel in model.graph.kernels if kernel.workload == slower}
+    assert symbols and not symbols & set(model.meta.tuned_kernels)
+    reference = tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=log.directory)
+    assert set(model.meta.tuned_kernels) == set(reference.meta.tuned_kernels) - symbols != set()
+
+
 def test_rerun_skips_done_kernels_and_adds_no_duplicate_workloads(tuned_log, branchy_model):
     log, first = tuned_log
     workloads = lines(log.workloads_path)
@@ -80,11 +104,58 @@ def test_rerun_skips_done_kernels_and_adds_no_duplicate_workloads(tuned_log, bra
     assert len(set(lines(log.workloads_path))) == len(workloads)
 
 
+def test_several_models_share_kernels_and_are_tuned_most_expensive_first(tmp_path, branchy_model):
+    log = TuningLog.for_target(LLVM, tmp_path)
+    single = tune(lowered(branchy_model), LLVM, TuningLog.for_target(LLVM, tmp_path / "single"),
+                  TuneOptions(trials=1, **FAST))
+    models = [lowered(branchy_model), lowered(branchy_model), lowered(branchy_model, batch=2)]
+    result = tune(models, LLVM, log, TuneOptions(trials=1, **FAST))
+    weights = {task.workload: task.weight for task in result.tasks}
+    assert all(weights[task.workload] == 2 * task.weight for task in single.tasks)  # one task, both runs
+    assert len(result.tasks) == 2 * len(single.tasks)  # batch 2 brings its own kernels
+    priorities = [task.priority for task in result.tasks]
+    assert priorities == sorted(priorities, reverse=True)
+
+
+def test_cli_tunes_into_the_log(tmp_path, branchy_model):
+    import onnx
+
+    from tvmsched.cli import main
+
+    onnx.save(branchy_model, tmp_path / "branchy.onnx")
+    code = main(["tune", str(tmp_path / "branchy.onnx"), "--batch", "1", "--target", "llvm", "--trials", "1",
+                 "--log", str(tmp_path / "logs"), "--search", "replay-trace", "--cost-model", "random",
+                 "--workers", "2"])
+    manifest = json.loads((tmp_path / "logs" / LLVM.key / "manifest.json").read_text())
+    assert code == 0 and manifest["workloads"]
+    assert all(entry["trials"] == 1 for entry in manifest["workloads"].values())
+
+
+def test_a_kernel_with_no_candidates_left_counts_as_done(tmp_path):
+    from conftest import make_model, tensor
+    from onnx import helper
+
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    model = make_model([relu], [tensor("x", [4, 8])], [tensor("y", [4, 8])], {})
+    log = TuningLog.for_target(LLVM, tmp_path)
+    options = TuneOptions(trials=32, workers=2, population=16, generations=1, cost_model="random")
+    first = tune(lowered(model), LLVM, log, options)
+    assert [task.exhausted for task in first.tasks] == [True] and first.trials < 32  # one schedule exists
+    assert log.manifest()["workloads"][first.tasks[0].workload]["exhausted"]
+    again = tune(lowered(model), LLVM, log, options)
+    assert again.tasks == [] and again.skipped == 1
+
+
 def test_time_budget_stops_and_keeps_records(tmp_path, branchy_model):
     log = TuningLog.for_target(LLVM, tmp_path)
+    first = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, time_budget_s=0, **FAST))
+    assert first.stopped_by_budget and first.trials == 0  # stopped after measuring the defaults
+    defaults = {workload: entry["default_ms"] for workload, entry in log.manifest()["workloads"].items()}
+    assert len(defaults) == len(first.tasks) and all(value > 0 for value in defaults.values())
     result = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, time_budget_s=0, **FAST))
-    assert result.stopped_by_budget and 0 < result.trials < 4 * len(result.tasks)
+    assert result.stopped_by_budget and 0 < result.trials < 4 * len(result.tasks)  # one batch
     assert len(lines(log.records_path)) == result.trials
+    assert result.tasks[0].default_ms == defaults[result.tasks[0].workload]  # measured once
 
 
 def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model):
@@ -152,6 +223,7 @@ def test_log_is_packed_and_a_killed_runs_leftovers_are_used_then_packed(tuned_lo
     # a run killed mid-append leaves unpacked files, the last line cut off
     left = TuningLog(tmp_path / LLVM.key, LLVM.key)
     shutil.copytree(log.directory, left.directory)
+    set_defaults(left, lambda key, entry: None)  # apply every record
     records = lines(log.records_path)
     left.workloads_path.write_text("".join(log.lines(log.workloads_path)))
     left.records_path.write_text("\n".join(records[:-1]) + "\n" + records[-1][:40])

@@ -108,7 +108,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
     with tempfile.TemporaryDirectory(prefix="tvmsched-log-") as copy:
         database = log.database(copy) if log and log.exists() else None
-        library, tuned_kernels = build_library(kernel_module(lowered), spec, database)
+        slower = log.slower_than_default() if database else set()
+        keep_default = frozenset(kernel.symbol for kernel in graph.kernels if kernel.workload in slower)
+        library, tuned_kernels = build_library(kernel_module(lowered), spec, database, keep_default)
     output_names = [value.name for value in proto.graph.output]
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))

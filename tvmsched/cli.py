@@ -15,7 +15,7 @@ from rich.table import Table
 
 from tvmsched.errors import InputError, TvmschedError
 from tvmsched.frontend import parse_input_shape
-from tvmsched.tuning.tune import COST_MODELS, SEARCH_STRATEGIES
+from tvmsched.tuning.tune import COST_MODELS, SEARCH_STRATEGIES, TuneOptions
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -118,6 +118,12 @@ def _add_tune_command(commands) -> None:
                       help="stop after this long (s, m or h; default: no limit)")
     tune.add_argument("--search", choices=SEARCH_STRATEGIES, default="evolutionary",
                       help="MetaSchedule search strategy (default evolutionary)")
+    tune.add_argument("--population", type=int, default=TuneOptions.population,
+                      help=f"evolutionary search: candidates per generation (default "
+                           f"{TuneOptions.population})")
+    tune.add_argument("--generations", type=int, default=TuneOptions.generations,
+                      help=f"evolutionary search: mutation rounds per measured batch (default "
+                           f"{TuneOptions.generations})")
     tune.add_argument("--cost-model", choices=COST_MODELS, default="xgb",
                       help="the model that ranks candidates before measuring (default xgb)")
     tune.add_argument("--rpc", metavar="HOST:PORT:KEY",
@@ -296,7 +302,7 @@ def _tune(args) -> None:
     from tvmsched.api import model_proto
     from tvmsched.lower import lower
     from tvmsched.target import resolve_target
-    from tvmsched.tuning import TuneOptions, TuningLog, tune
+    from tvmsched.tuning import TuningLog, tune
 
     names = [*args.models, *(zoo.list_models() if args.zoo == ["all"] else args.zoo)]
     if not names:
@@ -304,35 +310,38 @@ def _tune(args) -> None:
     spec = resolve_target(args.target)
     log = TuningLog.for_target(spec, args.log)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
-    options = TuneOptions(trials=args.trials, search=args.search, cost_model=args.cost_model, rpc=args.rpc,
-                          workers=args.workers)
-    deadline = time.monotonic() + args.time_budget if args.time_budget else None
+    started = time.monotonic()  # the budget covers lowering too
+    options = TuneOptions(trials=args.trials, search=args.search,
+                          population=args.population, generations=args.generations,
+                          cost_model=args.cost_model, rpc=args.rpc, workers=args.workers)
+    modules = []
     for name in names:
-        if deadline is not None:
-            options = replace(options, time_budget_s=max(0.0, deadline - time.monotonic()))
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
-            inputs = frontend.bind_input_shapes(proto, args.batch, shapes)
-            lowered = lower(frontend.to_relax(proto, inputs))
-        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
-                   "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
-        with Progress(*columns, console=console) as bar:
-            row = bar.add_task(name, total=None, status="extracting tasks")
-            report = _tune_reporter(bar, row, args.trials)
-            result = tune(lowered, spec, log, options, progress=report)
-            report(result, finished=True)
-        stopped = " (time budget spent)" if result.stopped_by_budget else ""
-        console.print(f"{name}: {result.trials} trials on {len(result.tasks)} kernels in "
-                      f"{result.seconds:.0f} s{stopped}; {result.skipped} kernels already had "
-                      f"{args.trials} trials; {result.failed_builds} failed builds, "
-                      f"{result.failed_runs} failed runs; log {log.directory}")
-        for message in result.messages:
-            console.print(f"  failure: {message}")
+            modules.append(lower(frontend.to_relax(proto, frontend.bind_input_shapes(proto, args.batch,
+                                                                                      shapes))))
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
+               "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
+    with Progress(*columns, console=console) as bar:
+        row = bar.add_task(", ".join(names), total=None, status="extracting tasks")
+        report = _tune_reporter(bar, row, args.trials)
+        if args.time_budget is not None:
+            options = replace(options, time_budget_s=max(0.0, args.time_budget - time.monotonic() + started))
+        result = tune(modules, spec, log, options, progress=report)
+        report(result, finished=True)
+    stopped = " (time budget spent)" if result.stopped_by_budget else ""
+    console.print(f"{result.trials} trials on {len(result.tasks)} kernels in {result.seconds:.0f} s"
+                  f"{stopped}; {result.skipped} kernels already had {args.trials} trials; "
+                  f"{result.failed_builds} failed builds, {result.failed_runs} failed runs; "
+                  f"log {log.directory}")
+    for message in result.messages:
+        console.print(f"  failure: {message}")
 
 
 def _tune_reporter(bar, row, trials: int):
-    """A `tune` progress callback that updates one row of a rich Progress (trials, the estimated end-to-end
-    latency, the current kernel's best latency, failed builds) and prints a line per finished kernel."""
+    """A `tune` progress callback that updates one row of a rich Progress (trials, the estimated kernel
+    time of one inference against the defaults', the current kernel's best latency, failed builds) and
+    prints a line per finished kernel."""
     printed = set()
 
     def report(result, finished: bool = False) -> None:
@@ -340,12 +349,13 @@ def _tune_reporter(bar, row, trials: int):
             if (index < result.current or finished) and index not in printed and task.trials:
                 printed.add(index)
                 best = f"best {task.best_ms:.4f} ms" if task.best_ms is not None else "no valid candidate"
+                default = f" (default {task.default_ms:.4f} ms)" if task.default_ms is not None else ""
                 total = task.trials_before + task.trials
-                bar.console.print(f"  {task.name} (x{task.weight}): {total} trials, {best}")
-        estimate = result.estimated_ms
+                bar.console.print(f"  {task.name} (x{task.weight}): {total} trials, {best}{default}")
+        status = f"kernel {result.current + 1}/{len(result.tasks)}"
+        if result.estimated_ms:
+            status += f"; est. {result.estimated_ms:.3f} ms (default {result.default_ms or 0:.3f})"
         current = result.tasks[result.current] if result.tasks else None
-        status = f"kernel {result.current + 1}/{len(result.tasks)}" + (f"; est. {estimate:.3f} ms" if estimate
-                                                                      else "")
         if current and current.best_ms:
             status += f"; {current.name} best {current.best_ms:.4f} ms"
         if result.failed_builds:

@@ -20,20 +20,25 @@ def default_schedules(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.IRModule:
                                            gpu.Fallback())(kernels)
 
 
-def tuned_schedules(kernels: tvm.IRModule, spec: TargetSpec, database) -> tuple[tvm.IRModule, list[str]]:
-    """The kernels with the best schedule `database` records for each, and the symbols it scheduled."""
+def tuned_schedules(kernels: tvm.IRModule, spec: TargetSpec, database,
+                    keep_default: frozenset[str] = frozenset()) -> tuple[tvm.IRModule, list[str]]:
+    """The kernels with the best schedule `database` records for each, except the symbols in `keep_default`,
+    and the symbols it scheduled."""
+    candidates = tvm.IRModule({global_var: function for global_var, function in kernels.functions.items()
+                               if global_var.name_hint not in keep_default})
     with spec.tvm_target, database:
-        kernels = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(kernels)
-    tuned = sorted(global_var.name_hint for global_var, function in kernels.functions.items()
+        scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(candidates)
+    kernels = tvm.IRModule({**kernels.functions, **scheduled.functions})
+    tuned = sorted(global_var.name_hint for global_var, function in scheduled.functions.items()
                    if function.attrs and function.attrs.get("tirx.is_scheduled", False))
     return kernels, tuned
 
 
-def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None) -> tuple[tvm.runtime.Executable,
-                                                                                   list[str]]:
+def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
+                  keep_default: frozenset[str] = frozenset()) -> tuple[tvm.runtime.Executable, list[str]]:
     """One library with every kernel, callable by symbol (`library[symbol](*inputs, *outputs)`), and the
-    symbols whose schedules came from `database`."""
+    symbols whose schedules came from `database` (all but those in `keep_default`)."""
     tuned: list[str] = []
     if database is not None:
-        kernels, tuned = tuned_schedules(kernels, spec, database)
+        kernels, tuned = tuned_schedules(kernels, spec, database, keep_default)
     return tvm.compile(default_schedules(kernels, spec), target=spec.tvm_target), tuned

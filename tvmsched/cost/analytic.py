@@ -26,19 +26,19 @@ class DeviceModel:
     saturating_bytes: float = 2e7
 
 
+def kernel_alone(flops: int, traffic: int, device: DeviceModel = DeviceModel()) -> tuple[float, float]:
+    """(milliseconds alone, utilization) of a kernel with `flops` and `traffic` bytes."""
+    utilization = min(1.0, max(flops / device.saturating_flops, traffic / device.saturating_bytes, 0.02))
+    work_ms = max(flops / device.peak_flops, traffic / device.bandwidth) * 1e3
+    return device.launch_ms + work_ms / utilization, utilization
+
+
 @register_cost_model("analytic")
 class AnalyticCost(CostModel):
     def __init__(self, graph: KernelGraph, device: DeviceModel = DeviceModel()):
         super().__init__(graph)
         self.device = device
-        self.alone = [self._alone(kernel.flops, kernel.bytes) for kernel in graph.kernels]
-
-    def _alone(self, flops: int, traffic: int) -> tuple[float, float]:
-        """(milliseconds alone, utilization) of a kernel."""
-        device = self.device
-        utilization = min(1.0, max(flops / device.saturating_flops, traffic / device.saturating_bytes, 0.02))
-        work_ms = max(flops / device.peak_flops, traffic / device.bandwidth) * 1e3
-        return device.launch_ms + work_ms / utilization, utilization
+        self.alone = [kernel_alone(kernel.flops, kernel.bytes, device) for kernel in graph.kernels]
 
     def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:
         longest = max(sum(self.alone[kernel][0] for kernel in group) for group in groups)

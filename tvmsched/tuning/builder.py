@@ -32,7 +32,7 @@ def build_and_export(mod, target) -> str:
 class PooledBuilder(ms.builder.PyBuilder):
     """Builds candidates on `workers` processes that live for the whole tuning run."""
 
-    def __init__(self, workers: int | None, timeout_s: float, uses: int = 32):
+    def __init__(self, workers: int | None, timeout_s: float, uses: int = 128):
         super().__init__()
         self.timeout_s = timeout_s
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses)

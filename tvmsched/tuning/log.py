@@ -97,6 +97,12 @@ class TuningLog:
                                  f"for this one with: tvmsched tune MODEL --target ...)")
         return manifest
 
+    def slower_than_default(self) -> set[str]:
+        """Workloads whose best tuned record measured no faster than their default schedule: builds keep
+        the default for them."""
+        return {key for key, entry in self.manifest()["workloads"].items()
+                if "best_ms" in entry and "default_ms" in entry and entry["best_ms"] >= entry["default_ms"]}
+
     def write_manifest(self, manifest: dict, device: str) -> None:
         """Write the manifest atomically, stamped with this TVM version, the device and the date."""
         manifest = {**manifest, "schema": MANIFEST_SCHEMA, "target": self.target_key, "tvm": tvm.__version__,

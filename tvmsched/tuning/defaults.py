@@ -1,0 +1,30 @@
+"""The latency of each kernel's default schedule (dlight's on a GPU), measured with a tuning run's builder
+and runner: it orders the kernels to tune (the slowest in total first) and is the baseline tuned records
+are compared with."""
+
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from tvmsched.codegen import default_schedules
+from tvmsched.target import TargetSpec
+
+
+def measure_defaults(tasks: list[ms.ExtractedTask], spec: TargetSpec, target: tvm.target.Target, builder,
+                     runner) -> list[float | None]:
+    """Milliseconds per run of each task's default schedule (None where it failed to build or run)."""
+    functions = [task.dispatched[0] for task in tasks]
+    built = builder.build([ms.builder.BuilderInput(default_schedules(function, spec), target)
+                           for function in functions])
+    device_type = "cuda" if spec.kind == "cuda" else "cpu"
+    inputs = [ms.runner.RunnerInput(result.artifact_path, device_type,
+                                    ms.arg_info.ArgInfo.from_prim_func(function["main"]))
+              for result, function in zip(built, functions) if result.error_msg is None]
+    runs = iter(future.result() for future in runner.run(inputs))
+    latencies = []
+    for result in built:
+        ran = next(runs) if result.error_msg is None else None
+        ok = ran is not None and not ran.error_msg and ran.run_secs
+        latencies.append(1e3 * sum(float(s) for s in ran.run_secs) / len(ran.run_secs) if ok else None)
+    return latencies
