@@ -85,3 +85,27 @@ def test_plan_validation(branchy_model):
         replace(plan, launches=plan.launches[:-1]).validate(graph)
     with pytest.raises(GraphError, match="made for graph"):
         replace(plan, graph_hash="0" * 16).validate(graph)
+
+
+def test_batched_constant_folding_gives_the_same_module_as_fold_constant(monkeypatch):
+    import numpy as np
+    import tvm
+    from conftest import make_model, tensor
+    from onnx import helper
+
+    import tvmsched.lower
+
+    rng = np.random.default_rng(2)
+    weights = {name: rng.uniform(0.5, 1.5, 4).astype("float32") for name in ("scale", "bias", "mean", "var")}
+    weights["w"] = rng.standard_normal((4, 3, 3, 3)).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"]),
+             helper.make_node("Relu", ["b"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 3, 8, 8])], [tensor("y", [1, 4, 8, 8])], weights)
+    module = frontend.to_relax(model, frontend.bind_input_shapes(model, batch=1))
+    batched = lower(module)
+    legalized = tvm.relax.transform.LegalizeOps()(tvm.relax.transform.DecomposeOpsForInference()(module))
+    assert tvmsched.lower._constant_calls(legalized["main"])  # batch norm's constant arithmetic
+    assert not tvmsched.lower._constant_calls(tvmsched.lower.fold_constant_calls(legalized)["main"])
+    monkeypatch.setattr(tvmsched.lower, "fold_constant_calls", lambda module: module)
+    tvm.ir.assert_structural_equal(batched.module, lower(module).module, map_free_vars=True)
