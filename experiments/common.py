@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 import tvmsched
 from tvmsched import zoo
 
@@ -33,3 +35,25 @@ def median_ms(model: tvmsched.CompiledModel, repeat: int, runs: int = 3) -> tupl
 
 def command(module: str) -> str:
     return " ".join([f"python -m {module}", *sys.argv[1:]])
+
+
+def event_median_ms(run, repeat: int) -> float:
+    """Median of CUDA-event times around `run()` (PyTorch), after 20 warm-up runs."""
+    import torch
+
+    for _ in range(20):
+        run()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return round(statistics.median(times), 4)
+
+
+def relative_diff(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Largest absolute difference relative to the largest expected magnitude."""
+    return float(np.abs(actual - expected).max() / max(float(np.abs(expected).max()), 1e-30))

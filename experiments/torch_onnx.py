@@ -100,7 +100,8 @@ def _operator(node: onnx.NodeProto, arrays: dict[str, np.ndarray]):
     simple = {"Relu": F.relu, "Add": torch.add, "Mul": torch.mul,
               "GlobalAveragePool": lambda x: x.mean((2, 3), keepdim=True),
               "Concat": lambda *xs: torch.cat(xs, attrs["axis"]),
-              "Flatten": lambda x: x.reshape(int(np.prod(x.shape[:attrs.get("axis", 1)])), -1)}
+              "Flatten": lambda x: x.flatten(axis).flatten(0, axis - 1) if axis else x.reshape(1, -1)}
+    axis = attrs.get("axis", 1)  # Flatten's; torch.compile traces flatten, not a product of sizes
     if kind in simple:
         return simple[kind]
     raise NotImplementedError(f"operator {kind} (node {node.name}) has no PyTorch translation here")

@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 
 import numpy as np
 import tvm
 
 import tvmsched
-from experiments.common import command, median_ms
+from experiments.common import command, event_median_ms, median_ms, relative_diff
 from tvmsched import zoo
 from tvmsched.target import device_name, resolve_target
 from tvmsched.tuning import TuningLog
@@ -37,7 +36,7 @@ def measure(name: str, args) -> dict:
            "trials": sum(entry["trials"] for entry in tuned_entries),
            "tuning_s": round(sum(entry.get("seconds", 0.0) for entry in tuned_entries), 1),
            "default_ms": median_ms(default, args.repeat)[0], "tuned_ms": median_ms(tuned, args.repeat)[0],
-           "max_rel_diff_tuned_vs_default": _relative(tuned(x), expected)}
+           "max_rel_diff_tuned_vs_default": relative_diff(tuned(x), expected)}
     row["speedup"] = round(row["default_ms"] / row["tuned_ms"], 3)
     row.update(_pytorch(proto, x, expected, args.repeat))
     print(f"  {name:13s} default {row['default_ms']:7.3f} ms  tuned {row['tuned_ms']:7.3f} ms "
@@ -63,30 +62,10 @@ def _pytorch(proto, x: np.ndarray, expected: np.ndarray, repeat: int) -> dict:
     replay, _, output = cuda_graph(module, example)
     replay()
     with torch.no_grad():
-        eager = _event_median(lambda: module(example), repeat)
+        eager = event_median_ms(lambda: module(example), repeat)
     return {"pytorch": torch.__version__, "pytorch_eager_ms": eager,
-            "pytorch_graph_ms": _event_median(replay, repeat),
-            "max_rel_diff_pytorch_vs_default": _relative(output.cpu().numpy(), expected)}
-
-
-def _event_median(run, repeat: int) -> float:
-    import torch
-
-    for _ in range(20):
-        run()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return round(statistics.median(times), 4)
-
-
-def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
-    return float(np.abs(actual - expected).max() / max(float(np.abs(expected).max()), 1e-30))
+            "pytorch_graph_ms": event_median_ms(replay, repeat),
+            "max_rel_diff_pytorch_vs_default": relative_diff(output.cpu().numpy(), expected)}
 
 
 def main() -> int:

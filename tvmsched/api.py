@@ -6,8 +6,8 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -106,10 +106,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     graph, constants = extract(lowered, [spec.name for spec in inputs])
     log = TuningLog.for_target(spec, tuning_log) if tuned else None
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
-    with tempfile.TemporaryDirectory(prefix="tvmsched-log-") as copy:
-        database = log.database(copy) if log and log.exists() else None
-        slower = log.slower_than_default() if database else set()
-        keep_default = frozenset(kernel.symbol for kernel in graph.kernels if kernel.workload in slower)
+    workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
+    with log.applied(workloads) if log else nullcontext((None, frozenset())) as (database, keep_default):
         library, tuned_kernels = build_library(kernel_module(lowered), spec, database, keep_default)
     output_names = [value.name for value in proto.graph.output]
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)

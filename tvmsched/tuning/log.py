@@ -16,6 +16,7 @@ import fcntl
 import gzip
 import json
 import os
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,19 @@ class TuningLog:
                                  f"not {self.target_key}; logs are applied only to their own target (tune "
                                  f"for this one with: tvmsched tune MODEL --target ...)")
         return manifest
+
+    @contextmanager
+    def applied(self, workloads: dict[str, str]):
+        """For a build whose kernels have `workloads` ({symbol: workload}): a validated copy of the
+        database (None for an empty log) and the symbols that keep their default schedule because tuning
+        measured them slower."""
+        if not self.exists():
+            yield None, frozenset()
+            return
+        slower = self.slower_than_default()
+        keep_default = frozenset(symbol for symbol, workload in workloads.items() if workload in slower)
+        with tempfile.TemporaryDirectory(prefix="tvmsched-log-") as copy:
+            yield self.database(copy), keep_default
 
     def slower_than_default(self) -> set[str]:
         """Workloads whose best tuned record measured no faster than their default schedule: builds keep

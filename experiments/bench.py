@@ -1,0 +1,251 @@
+"""The benchmark suite against the peers, one model and batch at a time in one process: PyTorch eager,
+PyTorch + CUDA Graph, torch.compile (reduce-overhead), TVM's Relax VM with the same tuned kernels, and
+tvmsched with every scheduler (one CUDA Graph each); every tvmsched output is checked against PyTorch's.
+fp32 everywhere, TF32 off. Writes JSON, a markdown table and a bar chart.
+
+    python -m experiments.bench --out-dir experiments/results                 # zoo models, batch 1 and 16
+    python -m experiments.bench --out-dir /tmp/b --cases googlenet:1 tv:resnet50:16
+
+A case is MODEL:BATCH for a zoo model (PyTorch runs its ONNX graph, experiments/torch_onnx.py) or
+tv:MODEL:BATCH for a torchvision network (random weights, exported to ONNX for tvmsched; PyTorch runs the
+torchvision module itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+
+import tvmsched
+from experiments.common import command, event_median_ms, median_ms, relative_diff
+from tvmsched import frontend, zoo
+from tvmsched.codegen import default_schedules, tuned_schedules
+from tvmsched.graph import extract
+from tvmsched.lower import kernel_module, lower
+from tvmsched.target import device_name, resolve_target
+from tvmsched.tuning import TuningLog
+
+SCHEDULES = ("sequential", "greedy", "opara", "nimble", "dp")
+TORCHVISION = {"inception_v3": ("inception_v3", {"aux_logits": False, "init_weights": False}, 299),
+               "googlenet": ("googlenet", {"aux_logits": False, "init_weights": False}, 224),
+               "squeezenet": ("squeezenet1_0", {}, 224), "resnet50": ("resnet50", {}, 224)}
+DEFAULT_CASES = [f"{name}:{batch}" for batch in (1, 16) for name in zoo.list_models()] + \
+                [f"tv:{name}:{batch}" for batch in (1, 16) for name in TORCHVISION]
+
+
+def measure(case: str, args) -> dict:
+    source, name, batch = _parse(case)
+    proto, module = (_torchvision(name, batch) if source == "tv" else (zoo.build(name, batch=batch), None))
+    x = np.random.default_rng(0).standard_normal(_input_shape(proto)).astype("float32")
+    row = {"case": case, "model": name, "source": source, "batch": batch, "systems": {}}
+    reference = _pytorch(row, proto, module, x, args)
+    model = tvmsched.compile(proto, target=args.target)
+    row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
+    if reference is None:  # no PyTorch: check against tvmsched's own sequential kernels
+        reference = model.reschedule("sequential", executor="sequential")(x)
+    row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass
+    row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args)}
+    for schedule in SCHEDULES:
+        start = time.perf_counter()
+        scheduled = model.reschedule(schedule, max_streams=args.streams)
+        search_s = time.perf_counter() - start
+        diff = relative_diff(scheduled(x), reference)
+        row["systems"][f"tvmsched_{schedule}"] = {
+            "median_ms": median_ms(scheduled, args.repeat)[0], "search_s": round(search_s, 2),
+            "streams": scheduled.plan.num_streams, "max_rel_diff_vs_reference": diff,
+            "matches": diff <= args.tolerance}
+    best_peer = min((entry["median_ms"], system) for system, entry in row["systems"].items()
+                    if not system.startswith("tvmsched") and entry.get("median_ms"))
+    row["best_peer"] = {"system": best_peer[1], "median_ms": best_peer[0],
+                        "dp_speedup": round(best_peer[0] / row["systems"]["tvmsched_dp"]["median_ms"], 3)}
+    print(f"  {case:22s} " + "  ".join(f"{system} {entry['median_ms']:.3f}" for system, entry
+                                        in row["systems"].items() if entry.get("median_ms")), flush=True)
+    return row
+
+
+def _parse(case: str) -> tuple[str, str, int]:
+    parts = case.split(":")
+    source, name, batch = parts if len(parts) == 3 else ("zoo", *parts)
+    if source not in ("zoo", "tv") or (source == "tv" and name not in TORCHVISION):
+        raise SystemExit(f"bad case '{case}': MODEL:BATCH (zoo) or tv:MODEL:BATCH with MODEL one of "
+                         f"{', '.join(TORCHVISION)}")
+    return source, name, int(batch)
+
+
+def _input_shape(proto: onnx.ModelProto) -> tuple[int, ...]:
+    return tuple(dim.dim_value for dim in proto.graph.input[0].type.tensor_type.shape.dim)
+
+
+def _torchvision(name: str, batch: int):
+    """A torchvision network with random weights (seed 0), in eval mode, and its ONNX export at `batch`."""
+    import torch
+    import torchvision
+
+    builder, options, size = TORCHVISION[name]
+    torch.manual_seed(0)
+    module = getattr(torchvision.models, builder)(weights=None, **options).eval()
+    with torch.no_grad():  # batch norms as after training, not identities: outputs that tell errors apart
+        for layer in module.modules():
+            if isinstance(layer, torch.nn.BatchNorm2d):
+                for tensor, low, high in ((layer.running_mean, -0.1, 0.1), (layer.running_var, 0.5, 1.5),
+                                          (layer.weight, 0.5, 1.5), (layer.bias, -0.1, 0.1)):
+                    tensor.uniform_(low, high)
+    buffer = io.BytesIO()
+    torch.onnx.export(module, torch.zeros(batch, 3, size, size), buffer, input_names=["input"],
+                      output_names=["output"], opset_version=17, dynamo=False)
+    return onnx.load_from_string(buffer.getvalue()), module
+
+
+def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None:
+    """PyTorch eager, + CUDA Graph and torch.compile latencies into `row`; returns eager's output."""
+    try:
+        import torch
+
+        from experiments.torch_onnx import OnnxModule, cuda_graph
+    except ImportError as error:
+        row["pytorch"] = f"not measured: {error}"
+        return None
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    cuda = args.target != "llvm"
+    device = "cuda" if cuda else "cpu"
+    module = (module or OnnxModule(proto)).to(device).eval()
+    example = torch.from_numpy(x).to(device)
+    timer = event_median_ms if cuda else _host_median_ms
+    row["pytorch"] = torch.__version__
+    with torch.no_grad():
+        expected = module(example).cpu().numpy()
+        row["systems"]["pytorch_eager"] = {"median_ms": timer(lambda: module(example), args.repeat)}
+        if cuda:
+            replay, _, output = cuda_graph(module, example)
+            replay()
+            row["systems"]["pytorch_cuda_graph"] = {
+                "median_ms": timer(replay, args.repeat),
+                "max_rel_diff_vs_eager": relative_diff(output.cpu().numpy(), expected)}
+        start = time.perf_counter()
+        compiled = torch.compile(module, mode="reduce-overhead" if cuda else "default")
+        output = compiled(example).cpu().numpy()
+        row["systems"]["torch_compile"] = {
+            "median_ms": timer(lambda: compiled(example), args.repeat),
+            "compile_s": round(time.perf_counter() - start, 1),
+            "max_rel_diff_vs_eager": relative_diff(output, expected)}
+    return expected
+
+
+def _relax_vm_ms(proto, args) -> float:
+    """Median latency of TVM's Relax VM running the same lowered module with the same kernels (tuned from
+    the same log where tvmsched's build uses a record, dlight defaults elsewhere)."""
+    spec = resolve_target(args.target)
+    inputs = frontend.bind_input_shapes(proto)
+    lowered = lower(frontend.to_relax(proto, inputs))
+    module = tvm.IRModule(dict(lowered.module.functions), attrs=lowered.module.attrs)
+    graph, _ = extract(lowered, [item.name for item in inputs])
+    workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
+    with TuningLog.for_target(spec).applied(workloads) as (database, keep_default):
+        if database is not None:
+            kernels, _ = tuned_schedules(kernel_module(lowered), spec, database, keep_default)
+            for global_var, function in kernels.functions.items():
+                module[global_var.name_hint] = function
+    device = tvm.cuda(0) if spec.kind == "cuda" else tvm.cpu(0)
+    machine = relax.VirtualMachine(tvm.compile(default_schedules(module, spec), target=spec.tvm_target),
+                                   device)
+    x = tvm.runtime.tensor(np.zeros([item.shape for item in inputs][0], "float32"), device)
+    timer = machine.time_evaluator("main", device, number=10, repeat=args.repeat)
+    return round(timer(x).median * 1e3, 4)
+
+
+def _host_median_ms(run, repeat: int) -> float:
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return round(statistics.median(times), 4)
+
+
+def markdown(rows: list[dict]) -> str:
+    """One line per case: each system's median latency, and dp's speedup over the best peer."""
+    systems = list(dict.fromkeys(system for row in rows for system in row["systems"]))
+    lines = ["| case | " + " | ".join(systems) + " | dp vs best peer |",
+             "|---|" + "---|" * (len(systems) + 1)]
+    for row in rows:
+        cells = [f"{row['systems'][system]['median_ms']:.3f}" if system in row["systems"] else "—"
+                 for system in systems]
+        best = row["best_peer"]
+        lines.append(f"| {row['case']} | " + " | ".join(cells) +
+                     f" | {best['dp_speedup']:.2f}x ({best['system']}) |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    """Grouped bars: each system's speedup over the slowest system of the case (higher is better)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = list(dict.fromkeys(system for row in rows for system in row["systems"]))
+    width = 0.8 / len(systems)
+    figure, axes = plt.subplots(figsize=(max(8, 1.2 * len(rows)), 4.5))
+    for index, system in enumerate(systems):
+        heights = [max(e["median_ms"] for e in row["systems"].values()) / row["systems"][system]["median_ms"]
+                   if system in row["systems"] else 0 for row in rows]
+        axes.bar([case + index * width for case in range(len(rows))], heights, width, label=system)
+    axes.set_xticks([case + 0.4 - width / 2 for case in range(len(rows))], [row["case"] for row in rows],
+                    rotation=30, ha="right")
+    axes.set_ylabel("speedup over the slowest system")
+    axes.legend(fontsize=7, ncol=3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", required=True, help="where bench_<device>_<date>.json/.md/.png go")
+    parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="MODEL:BATCH or tv:MODEL:BATCH")
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=100)
+    parser.add_argument("--tolerance", type=float, default=1e-4,
+                        help="largest relative difference from PyTorch's output that counts as a match")
+    parser.add_argument("--name", default="h100", help="device name in the file names")
+    args = parser.parse_args()
+    stem = Path(args.out_dir) / f"bench_{args.name}_{datetime.date.today().isoformat()}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in args.cases:
+        rows.append(measure(case, args))
+        report = {"experiment": "bench", "device": device_name(resolve_target(args.target)),
+                  "date": datetime.date.today().isoformat(), "tvm": tvm.__version__,
+                  "command": command("experiments.bench"), "precision": "fp32, TF32 off (cuDNN and matmul)",
+                  "timing": "CUDA events around each inference (PyTorch), tvmsched's benchmark (median of "
+                            "3 runs of `repeat`), Relax VM time_evaluator; medians in ms",
+                  "tolerance": args.tolerance, "results": rows}
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=1))  # after every case
+    stem.with_suffix(".md").write_text(markdown(rows))
+    chart(rows, stem.with_suffix(".png"))
+    print(markdown(rows))
+    mismatches = [(row["case"], system) for row in rows for system, entry in row["systems"].items()
+                  if entry.get("matches") is False or not row["output_absmax"]]
+    if mismatches:
+        print(f"outputs off PyTorch's by more than {args.tolerance}: {mismatches}")
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
