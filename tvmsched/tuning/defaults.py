@@ -26,5 +26,10 @@ def measure_defaults(tasks: list[ms.ExtractedTask], spec: TargetSpec, target: tv
     for result in built:
         ran = next(runs) if result.error_msg is None else None
         ok = ran is not None and not ran.error_msg and ran.run_secs
-        latencies.append(1e3 * sum(float(s) for s in ran.run_secs) / len(ran.run_secs) if ok else None)
+        latencies.append(mean_ms(ran.run_secs) if ok else None)
     return latencies
+
+
+def mean_ms(run_secs) -> float:
+    """A MetaSchedule runner result's mean time per run, in milliseconds."""
+    return 1e3 * sum(float(seconds) for seconds in run_secs) / len(run_secs)

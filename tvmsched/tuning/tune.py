@@ -30,7 +30,7 @@ from tvmsched.errors import TvmschedError
 from tvmsched.lower import LoweredModule
 from tvmsched.target import TargetSpec, target_device_name
 from tvmsched.tuning.builder import PooledBuilder
-from tvmsched.tuning.defaults import measure_defaults
+from tvmsched.tuning.defaults import mean_ms, measure_defaults
 from tvmsched.tuning.log import TuningLog
 
 SEARCH_STRATEGIES = ("evolutionary", "replay-trace", "replay-func")
@@ -133,7 +133,8 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
     with log.locked():
         manifest = log.manifest()
         entries = manifest["workloads"]
-        tasks, todo, skipped = _collect(modules, spec, entries, options.trials)
+        target = _tuning_target(spec)
+        tasks, todo, skipped = _collect(modules, target, entries, options.trials)
         result = TuneResult(log, tasks, skipped)
         if not todo:
             return result
@@ -145,8 +146,7 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
             unmeasured = [index for index, task in enumerate(tasks) if task.default_ms is None]
             for chunk in range(0, len(unmeasured), DEFAULTS_PER_BATCH):
                 indices = unmeasured[chunk:chunk + DEFAULTS_PER_BATCH]
-                latencies = measure_defaults([todo[i] for i in indices], spec, _tuning_target(spec), builder,
-                                             runner)
+                latencies = measure_defaults([todo[i] for i in indices], spec, target, builder, runner)
                 for index, latency in zip(indices, latencies):
                     tasks[index].default_ms = latency
                 callback.check_budget()
@@ -190,14 +190,14 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
 DEFAULTS_PER_BATCH = 64
 
 
-def _collect(modules: list[LoweredModule], spec: TargetSpec, entries: dict, trials: int
+def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: dict, trials: int
              ) -> tuple[list[TaskProgress], list[ms.ExtractedTask], int]:
     """The unique kernels of `modules` that still need trials (weights summed over the models), their
     MetaSchedule tasks, and how many unique kernels are done."""
     unique: dict[str, tuple[TaskProgress, ms.ExtractedTask]] = {}
     skipped = set()
     for module in modules:
-        for task in ms.relax_integration.extract_tasks(module.module, _tuning_target(spec)):
+        for task in ms.relax_integration.extract_tasks(module.module, target):
             key = workload_key(task)
             entry = entries.get(key, {})
             if key in unique:
@@ -257,7 +257,7 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
                 self.result.failed_runs += 1
                 self._remember(ran.error_msg or "no timings")
             else:
-                latency_ms = 1e3 * sum(float(s) for s in ran.run_secs) / len(ran.run_secs)
+                latency_ms = mean_ms(ran.run_secs)
                 task.best_ms = latency_ms if task.best_ms is None else min(task.best_ms, latency_ms)
         try:
             self.report(self.result)
