@@ -4,6 +4,7 @@ and two runs never write one log at once."""
 
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -125,7 +126,7 @@ def test_cli_tunes_into_the_log(tmp_path, branchy_model):
     onnx.save(branchy_model, tmp_path / "branchy.onnx")
     code = main(["tune", str(tmp_path / "branchy.onnx"), "--batch", "1", "--target", "llvm", "--trials", "1",
                  "--log", str(tmp_path / "logs"), "--search", "replay-trace", "--cost-model", "random",
-                 "--workers", "2"])
+                 "--workers", "2", "--concurrent", "2"])
     manifest = json.loads((tmp_path / "logs" / LLVM.key / "manifest.json").read_text())
     assert code == 0 and manifest["workloads"]
     assert all(entry["trials"] == 1 for entry in manifest["workloads"].values())
@@ -158,7 +159,8 @@ def test_time_budget_stops_and_keeps_records(tmp_path, branchy_model):
     assert result.tasks[0].default_ms == defaults[result.tasks[0].workload]  # measured once
 
 
-def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model):
+@pytest.mark.parametrize("concurrent", [1, 2])
+def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurrent):
     log = TuningLog.for_target(LLVM, tmp_path)
     batches = []
 
@@ -168,10 +170,34 @@ def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, **FAST), progress=interrupt)
+        tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, concurrent=concurrent, **FAST),
+             progress=interrupt)
     manifest = json.loads((log.directory / "manifest.json").read_text())
-    assert sum(entry["trials"] for entry in manifest["workloads"].values()) == batches[-1]
-    assert len(lines(log.records_path)) == batches[-1]
+    trials = sum(entry["trials"] for entry in manifest["workloads"].values())
+    assert trials == len(lines(log.records_path)) == batches[-1] >= batches[1] > 0
+    assert trials < 4 * len(manifest["workloads"])  # stopped early
+
+
+def test_kernels_tuned_at_once_keep_their_records_apart(tmp_path, branchy_model):
+    """Three kernels at a time share the builder, runner and database: each gets its trials, the
+    database holds exactly the records counted for each, and each workload once."""
+    log = TuningLog.for_target(LLVM, tmp_path)
+    at_once = []
+
+    def count_tuning(result):
+        at_once.append(sum(task.state == "tuning" for task in result.tasks))
+
+    result = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=3, concurrent=3, **FAST),
+                  progress=count_tuning)
+    assert len(result.tasks) > 3 and all(task.state == "done" for task in result.tasks)
+    assert max(at_once) == 3
+    workloads = lines(log.workloads_path)
+    assert len(workloads) == len(set(workloads)) == len(result.tasks)
+    per_workload = Counter(json.loads(line)[0] for line in lines(log.records_path))
+    manifest = log.manifest()["workloads"]
+    assert sorted(per_workload.values()) == sorted(entry["trials"] for entry in manifest.values())
+    assert sum(per_workload.values()) == result.trials == sum(task.trials for task in result.tasks)
+    assert all(task.trials == 3 or task.exhausted for task in result.tasks)
 
 
 def test_foreign_corrupt_and_busy_logs_are_refused(tuned_log, tmp_path, branchy_model):

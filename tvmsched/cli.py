@@ -15,7 +15,7 @@ from rich.table import Table
 
 from tvmsched.errors import InputError, TvmschedError
 from tvmsched.frontend import parse_input_shape
-from tvmsched.tuning.tune import COST_MODELS, SEARCH_STRATEGIES, TuneOptions
+from tvmsched.tuning.tune import CONCURRENT, COST_MODELS, SEARCH_STRATEGIES, TuneOptions
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -129,6 +129,10 @@ def _add_tune_command(commands) -> None:
     tune.add_argument("--rpc", metavar="HOST:PORT:KEY",
                       help="measure on the devices registered with this TVM RPC tracker under KEY")
     tune.add_argument("--workers", type=int, default=None, help="parallel builds (default: every core)")
+    tune.add_argument("--concurrent", type=int, default=None, metavar="N",
+                      help=f"kernels tuned at once, sharing the builds and measuring one candidate at a "
+                           f"time (default {CONCURRENT}; 1 when measuring on this machine's CPU, whose "
+                           f"timings concurrent builds would disturb)")
     tune.set_defaults(handler=_tune)
 
 
@@ -313,7 +317,8 @@ def _tune(args) -> None:
     started = time.monotonic()  # the budget covers lowering too
     options = TuneOptions(trials=args.trials, search=args.search,
                           population=args.population, generations=args.generations,
-                          cost_model=args.cost_model, rpc=args.rpc, workers=args.workers)
+                          cost_model=args.cost_model, rpc=args.rpc, workers=args.workers,
+                          concurrent=args.concurrent)
     modules = []
     for name in names:
         with console.status(f"{name}: importing and lowering"):
@@ -327,7 +332,11 @@ def _tune(args) -> None:
         report = _tune_reporter(bar, row, args.trials)
         if args.time_budget is not None:
             options = replace(options, time_budget_s=max(0.0, args.time_budget - time.monotonic() + started))
-        result = tune(modules, spec, log, options, progress=report)
+        try:
+            result = tune(modules, spec, log, options, progress=report)
+        except KeyboardInterrupt:
+            console.print(f"stopped: the records measured so far are in {log.directory}")
+            raise
         report(result, finished=True)
     stopped = " (time budget spent)" if result.stopped_by_budget else ""
     console.print(f"{result.trials} trials on {len(result.tasks)} kernels in {result.seconds:.0f} s"
@@ -339,25 +348,24 @@ def _tune(args) -> None:
 
 
 def _tune_reporter(bar, row, trials: int):
-    """A `tune` progress callback that updates one row of a rich Progress (trials, the estimated kernel
-    time of one inference against the defaults', the current kernel's best latency, failed builds) and
-    prints a line per finished kernel."""
+    """A `tune` progress callback that updates one row of a rich Progress (trials, kernels done and being
+    tuned, the estimated kernel time of one inference against the defaults', failed builds) and prints a
+    line per finished kernel."""
     printed = set()
 
     def report(result, finished: bool = False) -> None:
         for index, task in enumerate(result.tasks):
-            if (index < result.current or finished) and index not in printed and task.trials:
+            if (task.state in ("done", "stopped") or finished) and index not in printed and task.trials:
                 printed.add(index)
                 best = f"best {task.best_ms:.4f} ms" if task.best_ms is not None else "no valid candidate"
                 default = f" (default {task.default_ms:.4f} ms)" if task.default_ms is not None else ""
                 total = task.trials_before + task.trials
                 bar.console.print(f"  {task.name} (x{task.weight}): {total} trials, {best}{default}")
-        status = f"kernel {result.current + 1}/{len(result.tasks)}"
+        done = sum(task.state == "done" for task in result.tasks)
+        tuning = sum(task.state == "tuning" for task in result.tasks)
+        status = f"{done}/{len(result.tasks)} kernels done, {tuning} tuning"
         if result.estimated_ms:
             status += f"; est. {result.estimated_ms:.3f} ms (default {result.default_ms or 0:.3f})"
-        current = result.tasks[result.current] if result.tasks else None
-        if current and current.best_ms:
-            status += f"; {current.name} best {current.best_ms:.4f} ms"
         if result.failed_builds:
             status += f"; {result.failed_builds} failed builds"
         bar.update(row, completed=result.trials, status=status,

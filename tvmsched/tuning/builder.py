@@ -4,10 +4,13 @@ MetaSchedule's LocalBuilder starts fresh workers for every batch, and each pays 
 H100 host, where tvm_ffi also imports torch) before it builds anything; its default build function then
 imports `tvm.s_tir.tensor_intrin` (39 s there), more than the builder's timeout. Here workers are reused for
 `uses` builds (then replaced, against the slow memory growth that made LocalBuilder restart them) and build
-without that import: fp32 schedules use no tensor intrinsics.
+without that import: fp32 schedules use no tensor intrinsics. Workers run at a lower CPU priority, so the
+runner's process measures undisturbed while other kernels build.
 """
 
 from __future__ import annotations
+
+import os
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
@@ -28,6 +31,9 @@ def build_and_export(mod, target) -> str:
     return default_export(build_kernel(mod, target))
 
 
+NICENESS = 10  # of builds and searches: they yield the CPU to the process that measures
+
+
 @derived_object
 class PooledBuilder(ms.builder.PyBuilder):
     """Builds candidates on `workers` processes that live for the whole tuning run."""
@@ -35,7 +41,8 @@ class PooledBuilder(ms.builder.PyBuilder):
     def __init__(self, workers: int | None, timeout_s: float, uses: int = 128):
         super().__init__()
         self.timeout_s = timeout_s
-        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses)
+        self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses,
+                                      initializer=os.nice, initargs=(NICENESS,))
 
     def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
         results = []

@@ -2,11 +2,11 @@
 
 Each unique kernel (a MetaSchedule task, weighted by how often the model runs it) gets up to `trials`
 measured candidates over all runs: the manifest counts trials per workload, so rerunning continues where
-the last run stopped and skips kernels that have their trials. Kernels are tuned one after the other, each
-by its own MetaSchedule run sharing builder, runner, cost model and database: tuned together, MetaSchedule
-measures every kernel once before it commits any record, which on the H100 took longer than a device
-session. A time budget stops at the next measured batch; Ctrl-C stops at once; in both cases every
-measured record is already in the log.
+the last run stopped and skips kernels that have their trials. Each kernel is tuned by its own MetaSchedule
+run (`tuning.kernels`; several at once on a GPU) sharing builder, runner and database: tuned together,
+MetaSchedule measures every kernel once before it commits any record, which on the H100 took longer than a
+device session. A time budget stops at the next measured batch; Ctrl-C stops after the batches being
+measured; in both cases every measured record is already in the log.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import psutil
 import tvm
 import tvm_ffi
-from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
@@ -30,7 +29,8 @@ from tvmsched.errors import TvmschedError
 from tvmsched.lower import LoweredModule
 from tvmsched.target import TargetSpec, target_device_name
 from tvmsched.tuning.builder import PooledBuilder
-from tvmsched.tuning.defaults import mean_ms, measure_defaults
+from tvmsched.tuning.defaults import measure_defaults
+from tvmsched.tuning.kernels import KernelTuning, RunControl, SharedDatabase, Stopped, tune_kernels
 from tvmsched.tuning.log import TuningLog
 
 SEARCH_STRATEGIES = ("evolutionary", "replay-trace", "replay-func")
@@ -47,6 +47,7 @@ class TuneOptions:
     cost_model: str = "xgb"
     rpc: str | None = None  # HOST:PORT:KEY of a TVM RPC tracker
     workers: int | None = None  # parallel builds (default: every core)
+    concurrent: int | None = None  # kernels tuned at once (default: CONCURRENT, 1 when measuring on this CPU)
     build_timeout_s: float = 60.0
     seed: int = 0
 
@@ -60,8 +61,17 @@ class TuneOptions:
         if self.cost_model not in COST_MODELS:
             raise TvmschedError(f"unknown cost model '{self.cost_model}'; use one of "
                                 f"{', '.join(COST_MODELS)}")
+        if self.concurrent is not None and self.concurrent < 1:
+            raise TvmschedError(f"--concurrent must be at least 1, got {self.concurrent}")
         if self.rpc:
             _parse_rpc(self.rpc)
+
+    def kernels_at_once(self, spec: TargetSpec) -> int:
+        """Kernels tuned at once: one where candidates are measured on this machine's CPU, whose timings
+        concurrent builds would disturb."""
+        if self.concurrent is not None:
+            return self.concurrent
+        return 1 if spec.kind == "llvm" and not self.rpc else CONCURRENT
 
 
 @dataclass
@@ -77,6 +87,7 @@ class TaskProgress:
     best_ms: float | None = None
     seconds: float = 0.0  # this run
     exhausted: bool = False  # the search ran out of new candidates before `trials`
+    state: str = "waiting"  # then "tuning", then "done" (all its trials, or exhausted) or "stopped"
 
     @property
     def priority(self) -> float:
@@ -96,7 +107,6 @@ class TuneResult:
     failed_builds: int = 0
     failed_runs: int = 0
     messages: list[str] = field(default_factory=list)
-    current: int = 0  # index in `tasks` of the kernel being tuned; those before it are finished
 
     @property
     def trials(self) -> int:
@@ -124,7 +134,7 @@ def workload_key(task: ms.ExtractedTask) -> str:
 
 def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log: TuningLog,
          options: TuneOptions, progress: Callable[[TuneResult], None] = lambda result: None) -> TuneResult:
-    """Tune the kernels of one or several lowered models for `spec` into `log`, one kernel at a time.
+    """Tune the kernels of one or several lowered models for `spec` into `log`.
 
     First the default schedule of every kernel not measured before is measured (kept in the manifest);
     then kernels are tuned the slowest in total first over all models (weight × default latency), so a
@@ -140,54 +150,61 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
             return result
         _quiet_metaschedule_console()
         start = time.perf_counter()
-        callback = _ProgressCallback(result, options.time_budget_s, start, progress)
+        control = RunControl(result, options.time_budget_s)
+        concurrent = min(options.kernels_at_once(spec), len(todo))
         builder, runner = PooledBuilder(options.workers, options.build_timeout_s), _runner(options)
         try:
-            unmeasured = [index for index, task in enumerate(tasks) if task.default_ms is None]
-            for chunk in range(0, len(unmeasured), DEFAULTS_PER_BATCH):
-                indices = unmeasured[chunk:chunk + DEFAULTS_PER_BATCH]
-                latencies = measure_defaults([todo[i] for i in indices], spec, target, builder, runner)
-                for index, latency in zip(indices, latencies):
-                    tasks[index].default_ms = latency
-                callback.check_budget()
+            _measure_defaults(tasks, todo, spec, target, builder, runner, control)
             order = sorted(range(len(tasks)), key=lambda index: tasks[index].priority, reverse=True)
             tasks[:], todo[:] = [tasks[index] for index in order], [todo[index] for index in order]
             progress(result)
             with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, log.unpacked() as database:
-                contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                    todo, work_dir, strategy=_strategy(options), seed=options.seed,
-                    num_threads=options.workers or "physical")
-                shared = {"builder": builder, "runner": runner, "database": database,
-                          "cost_model": ms.CostModel.create(options.cost_model,
-                                                            num_tuning_cores=contexts[0].num_threads),
-                          "measure_callbacks": [*ms.measure_callback.MeasureCallback.create("default"),
-                                                callback]}
-                for index, (context, weight, task) in enumerate(zip(contexts, weights, tasks)):
-                    result.current = index
-                    trials = options.trials - task.trials_before
-                    began = time.perf_counter()
-                    try:
-                        ms.tune_tasks(tasks=[context], task_weights=[weight], work_dir=work_dir,
-                                      max_trials_global=trials, num_trials_per_iter=min(64, trials),
-                                      task_scheduler="round-robin", **shared)
-                    finally:
-                        task.seconds = time.perf_counter() - began
-                    task.exhausted = task.trials < trials  # returned early, no error: no candidates left
-                    callback.check_budget()
-        except Exception as error:  # exceptions from the callback arrive re-wrapped by TVM's FFI
-            if callback.interrupted or "KeyboardInterrupt" in str(error):
-                raise KeyboardInterrupt from error
-            if not result.stopped_by_budget:
-                raise
+                shared = SharedDatabase(database)
+                try:
+                    tuning = _kernel_tuning(todo, options, concurrent, work_dir, builder, runner, shared)
+                    tune_kernels(tuning, control, concurrent, progress)
+                finally:
+                    shared.close()
+        except Stopped:
+            pass  # the time budget, spent while measuring the defaults
         finally:
             builder.shutdown()
             result.seconds = time.perf_counter() - start
             _record(entries, tasks)
             log.write_manifest(manifest, target_device_name(spec))
+        if control.interrupted:
+            raise KeyboardInterrupt
     return result
 
 
+# Kernels tuned at once on a GPU: a kernel's run keeps the 16 cores of the H100 host busy only while it
+# searches, and its batch of builds waits for the slowest one.
+CONCURRENT = 4
 DEFAULTS_PER_BATCH = 64
+
+
+def _measure_defaults(tasks: list[TaskProgress], todo: list[ms.ExtractedTask], spec: TargetSpec, target,
+                      builder, runner, control: RunControl) -> None:
+    """Measure the default schedule of the kernels without one in the manifest, DEFAULTS_PER_BATCH at a
+    time (the time budget is checked between batches)."""
+    unmeasured = [index for index, task in enumerate(tasks) if task.default_ms is None]
+    for chunk in range(0, len(unmeasured), DEFAULTS_PER_BATCH):
+        indices = unmeasured[chunk:chunk + DEFAULTS_PER_BATCH]
+        latencies = measure_defaults([todo[i] for i in indices], spec, target, builder, runner)
+        for index, latency in zip(indices, latencies):
+            tasks[index].default_ms = latency
+        control.check()
+
+
+def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurrent: int, work_dir: str,
+                   builder, runner, database: SharedDatabase) -> KernelTuning:
+    """The MetaSchedule contexts of the kernels and what their runs share; the cores are divided among the
+    kernels tuned at once."""
+    threads = max(1, (options.workers or psutil.cpu_count(logical=False) or 1) // concurrent)
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        todo, work_dir, strategy=_strategy(options), seed=options.seed, num_threads=threads)
+    return KernelTuning(contexts, weights, options.trials, work_dir, builder, runner, database,
+                        lambda: ms.CostModel.create(options.cost_model, num_tuning_cores=threads))
 
 
 def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: dict, trials: int
@@ -227,55 +244,6 @@ def _record(entries: dict, tasks: list[TaskProgress]) -> None:
                 entry[key] = min(value, entry.get(key, value))
         if task.exhausted:
             entry["exhausted"] = True
-
-
-class _BudgetSpent(Exception):
-    pass
-
-
-@derived_object
-class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
-    """Counts trials and best latencies per task, reports them, and stops every task once the time budget
-    is spent."""
-
-    def __init__(self, result: TuneResult, budget_s: float | None, start: float, report):
-        super().__init__()
-        self.result = result
-        self.budget_s = budget_s
-        self.start = start
-        self.report = report
-        self.interrupted = False
-
-    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-        task = self.result.tasks[self.result.current]
-        task.trials += len(measure_candidates)
-        for built, ran in zip(builder_results, runner_results):
-            if built.error_msg:
-                self.result.failed_builds += 1
-                self._remember(built.error_msg)
-            elif ran.error_msg or not ran.run_secs:
-                self.result.failed_runs += 1
-                self._remember(ran.error_msg or "no timings")
-            else:
-                latency_ms = mean_ms(ran.run_secs)
-                task.best_ms = latency_ms if task.best_ms is None else min(task.best_ms, latency_ms)
-        try:
-            self.report(self.result)
-        except KeyboardInterrupt:
-            self.interrupted = True
-            raise
-        self.check_budget()  # after the database callback: this batch's records are in the log
-
-    def check_budget(self) -> None:
-        if self.budget_s is not None and time.perf_counter() - self.start > self.budget_s:
-            self.result.stopped_by_budget = True
-            raise _BudgetSpent
-
-    def _remember(self, message: str) -> None:
-        """Keep the first few distinct failure reasons (their last line) for the summary."""
-        reason = message.strip().splitlines()[-1][:200] if message.strip() else "unknown"
-        if reason not in self.result.messages and len(self.result.messages) < 5:
-            self.result.messages.append(reason)
 
 
 def _traffic(function: tvm.tirx.PrimFunc) -> int:

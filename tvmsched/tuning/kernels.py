@@ -1,0 +1,227 @@
+"""The kernel loop of a tuning run: each kernel tuned by its own MetaSchedule run, several at once.
+
+A kernel's MetaSchedule run alternates CPU work (evolutionary search, then compiling a batch of candidates,
+where the batch waits for its slowest build) with a short GPU measurement, so one kernel at a time leaves
+both mostly idle. Several kernels are tuned at once by threads (TVM releases the GIL in its calls); they
+share the builder's worker pool, which fills the gaps, and the runner, whose single worker measures one
+candidate at a time, so GPU timings never overlap. Builds and searches run at a lower CPU priority than
+the measuring process. Each thread keeps its own cost model; the log's database is shared behind a lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from tvmsched.tuning.builder import NICENESS
+from tvmsched.tuning.defaults import mean_ms
+
+
+class Stopped(Exception):
+    """The run stops: its time budget is spent, Ctrl-C was pressed, or a kernel's run failed."""
+
+
+class RunControl:
+    """When a tuning run stops, shared by its threads: the time budget, Ctrl-C, or the first failure."""
+
+    def __init__(self, result, budget_s: float | None):
+        self.result = result
+        self.deadline = None if budget_s is None else time.perf_counter() + budget_s
+        self.stop = threading.Event()
+        self.lock = threading.Lock()  # guards the result's counters and the progress report
+        self.interrupted = False
+        self.error: BaseException | None = None
+
+    def check(self) -> None:
+        """Raise `Stopped` if the run should stop (marking the result when the budget did it)."""
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.result.stopped_by_budget = True
+            self.stop.set()
+        if self.stop.is_set():
+            raise Stopped
+
+    def interrupt(self) -> None:
+        self.interrupted = True
+        self.stop.set()
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self.stop.set()
+
+
+@dataclass(frozen=True)
+class KernelTuning:
+    """What every kernel's MetaSchedule run shares."""
+
+    contexts: list  # one TuneContext per task of `result.tasks`, in the same order
+    weights: list[float]
+    trials: int  # per kernel, over all runs
+    work_dir: str
+    builder: ms.builder.Builder
+    runner: ms.runner.Runner
+    database: SharedDatabase
+    cost_model: Callable[[], ms.CostModel]  # a new one per thread
+
+
+def tune_kernels(tuning: KernelTuning, control: RunControl, concurrent: int,
+                 report: Callable[[object], None]) -> None:
+    """Tune `control.result.tasks` in order, `concurrent` kernels at a time, until all are done or the run
+    stops. Ctrl-C lets the batches in flight be measured (a second Ctrl-C stops without them); the first
+    failure of a kernel's run stops the others and is raised."""
+    pending = iter(range(len(tuning.contexts)))
+    taking = threading.Lock()
+
+    def work(background: bool) -> None:
+        if background:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
+        cost_model = tuning.cost_model()
+        while not control.stop.is_set():
+            with taking:
+                index = next(pending, None)
+            if index is None:
+                return
+            _tune_kernel(index, tuning, cost_model, control, report)
+
+    if concurrent == 1:
+        try:
+            work(background=False)
+        except KeyboardInterrupt:
+            control.interrupt()
+    else:
+        threads = [threading.Thread(target=work, args=(True,), name=f"tvmsched-tune-{number}", daemon=True)
+                   for number in range(concurrent)]
+        for thread in threads:
+            thread.start()
+        try:
+            _join(threads)
+        except KeyboardInterrupt:
+            control.interrupt()
+            _join(threads)
+    if control.error is not None and not control.interrupted:
+        raise control.error
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    """Wait for `threads`, staying responsive to Ctrl-C."""
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)
+
+
+def _tune_kernel(index: int, tuning: KernelTuning, cost_model, control: RunControl, report) -> None:
+    """One kernel's MetaSchedule run: its remaining trials, batch by batch, each batch's records committed
+    as it is measured."""
+    task = control.result.tasks[index]
+    trials = tuning.trials - task.trials_before
+    task.state = "tuning"
+    began = time.perf_counter()
+    try:
+        ms.tune_tasks(tasks=[tuning.contexts[index]], task_weights=[tuning.weights[index]],
+                      work_dir=tuning.work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
+                      task_scheduler="round-robin", builder=tuning.builder, runner=tuning.runner,
+                      database=tuning.database, cost_model=cost_model,
+                      measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
+                                         _ProgressCallback(task, control, report)])
+        task.exhausted = task.trials < trials  # returned early, no error: no candidates left
+        task.state = "done"
+    except Exception as error:  # callbacks' exceptions arrive re-wrapped by TVM's FFI
+        if "KeyboardInterrupt" in str(error):
+            control.interrupt()
+        elif not control.stop.is_set():
+            control.fail(error)
+    finally:
+        task.state = "done" if task.state == "done" else "stopped"
+        task.seconds = time.perf_counter() - began
+
+
+@derived_object
+class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
+    """After each measured batch of one kernel: count its trials, failures and best latency, report, and
+    stop if the run should."""
+
+    def __init__(self, task, control: RunControl, report):
+        super().__init__()
+        self.task = task
+        self.control = control
+        self.report = report
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        result = self.control.result
+        with self.control.lock:
+            self.task.trials += len(measure_candidates)
+            for built, ran in zip(builder_results, runner_results):
+                if built.error_msg:
+                    result.failed_builds += 1
+                    _remember(result, built.error_msg)
+                elif ran.error_msg or not ran.run_secs:
+                    result.failed_runs += 1
+                    _remember(result, ran.error_msg or "no timings")
+                else:
+                    latency_ms = mean_ms(ran.run_secs)
+                    self.task.best_ms = min(latency_ms, self.task.best_ms or latency_ms)
+            try:
+                self.report(result)
+            except KeyboardInterrupt:
+                self.control.interrupt()
+                raise
+        self.control.check()  # after the database callback: this batch's records are in the log
+
+
+def _remember(result, message: str) -> None:
+    """Keep the first few distinct failure reasons (their last line) for the summary."""
+    reason = message.strip().splitlines()[-1][:200] if message.strip() else "unknown"
+    if reason not in result.messages and len(result.messages) < 5:
+        result.messages.append(reason)
+
+
+@derived_object
+class SharedDatabase(ms.database.PyDatabase):
+    """The log's database for several kernels' threads: one call at a time, and closed when the run ends,
+    so a thread still finishing a batch cannot append to a log that is being packed."""
+
+    def __init__(self, database: ms.database.Database):
+        super().__init__()
+        self.database = database
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+
+    def _writable(self) -> None:
+        if self.closed:
+            raise Stopped("the tuning run has ended")
+
+    def has_workload(self, mod) -> bool:
+        with self.lock:
+            return self.database.has_workload(mod)
+
+    def commit_workload(self, mod):
+        with self.lock:
+            self._writable()
+            return self.database.commit_workload(mod)
+
+    def commit_tuning_record(self, record) -> None:
+        with self.lock:
+            self._writable()
+            self.database.commit_tuning_record(record)
+
+    def get_top_k(self, workload, top_k: int):
+        with self.lock:
+            return self.database.get_top_k(workload, top_k)
+
+    def get_all_tuning_records(self):
+        with self.lock:
+            return self.database.get_all_tuning_records()
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.database)
