@@ -2,6 +2,7 @@
 workloads, an interrupted or budget-stopped run keeps its records, foreign and corrupt logs are refused,
 and two runs never write one log at once."""
 
+import gzip
 import json
 import shutil
 from collections import Counter
@@ -99,8 +100,11 @@ def test_rerun_skips_done_kernels_and_adds_no_duplicate_workloads(tuned_log, bra
     workloads = lines(log.workloads_path)
     again = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=2, **FAST))
     assert again.trials == 0 and again.skipped == len(first.tasks) + first.skipped
+    records = lines(log.records_path)
     more = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=3, **FAST))
     assert more.trials >= 1
+    assert lines(log.records_path)[:len(records)] == records  # nothing lost, the new ones appended
+    assert len(lines(log.records_path)) == len(records) + more.trials
     assert lines(log.workloads_path) == workloads  # the same workloads, none appended twice
     assert len(set(lines(log.workloads_path))) == len(workloads)
 
@@ -246,16 +250,44 @@ def test_log_is_packed_and_a_killed_runs_leftovers_are_used_then_packed(tuned_lo
     assert not log.records_path.exists() and not log.workloads_path.exists()
     packed = [log.directory / (path.name + ".gz") for path in (log.workloads_path, log.records_path)]
     assert all(path.is_file() for path in packed) and lines(log.records_path)
-    # a run killed mid-append leaves unpacked files, the last line cut off
+    # a killed run leaves unpacked files: the records it loaded, then those it appended, the last cut off
     left = TuningLog(tmp_path / LLVM.key, LLVM.key)
     shutil.copytree(log.directory, left.directory)
     set_defaults(left, lambda key, entry: None)  # apply every record
     records = lines(log.records_path)
+    (left.directory / packed[1].name).write_bytes(gzip.compress("".join(f"{line}\n" for line in records[:-2])
+                                                                .encode()))
     left.workloads_path.write_text("".join(log.lines(log.workloads_path)))
-    left.records_path.write_text("\n".join(records[:-1]) + "\n" + records[-1][:40])
-    assert lines(left.records_path)[:-1] == records[:-1]  # builds see the newest state ...
+    left.records_path.write_text(f"{records[0]}\n{records[-2]}\n{records[-1][:40]}")
+    assert lines(left.records_path) == [*records[:-1], records[-1][:40]]  # builds see the newest state ...
     model = tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=left.directory)
     assert model.meta.tuned_kernels  # ... without the cut-off line
     with left.locked():  # the next run packs them first
         assert not left.records_path.exists()
     assert lines(left.records_path) == records[:-1]
+
+
+def test_a_run_unpacks_only_the_records_of_its_kernels_and_keeps_the_rest(tuned_log, tmp_path):
+    log, _ = tuned_log
+    copy = TuningLog(shutil.copytree(log.directory, tmp_path / LLVM.key), LLVM.key)
+    records = lines(copy.records_path)
+    first = json.loads(lines(copy.workloads_path)[0])[0]
+    with copy.locked(), copy.unpacked({first}) as database:
+        unpacked = copy.records_path.read_text().splitlines()
+        assert unpacked and {json.loads(line)[0] for line in unpacked} == {0}
+        assert len(unpacked) == sum(json.loads(line)[0] == 0 for line in records) < len(records)
+        assert len(database) == len(unpacked)
+    assert lines(copy.records_path) == records and not copy.records_path.exists()
+
+
+def test_builds_load_only_the_best_record_of_each_workload(tuned_log, tmp_path):
+    log, _ = tuned_log
+    best = {}
+    for line in lines(log.records_path):
+        index, (_, run_secs, *_) = json.loads(line)
+        if run_secs and sum(run_secs) / len(run_secs) < 1e9:
+            best[index] = min(best.get(index, 1e9), sum(run_secs) / len(run_secs))
+    log.database(tmp_path)
+    kept = [json.loads(line) for line in (tmp_path / "database_tuning_record.json").read_text().splitlines()]
+    assert sorted(index for index, _ in kept) == sorted(best)
+    assert all(sum(record[1]) / len(record[1]) == best[index] for index, record in kept)

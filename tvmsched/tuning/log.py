@@ -2,11 +2,13 @@
 
 The database is MetaSchedule's own JSON (`database_workload.json`, one workload per line;
 `database_tuning_record.json`, one `[workload index, record]` per line), kept gzip-compressed (`.json.gz`,
-20x smaller: a zoo's log must fit in git and in a device call). A tuning run holds the log's lock,
-unpacks the files beside the archives, lets MetaSchedule append each record as it is measured, and packs
-them again when it ends; a run killed before that leaves the unpacked files, the newest state, which builds
-read and the next run packs first. Builds read a validated copy of the newest state, so they never see a
-half-written line and never block on a running tuner.
+20x smaller: a zoo's log must fit in git and in a device call). A tuning run holds the log's lock and
+unpacks beside the archives every workload but only the records of the kernels it tunes (MetaSchedule
+replays every record it loads, ~5 ms each); MetaSchedule appends each record as it is measured, and the
+run merges the new lines into the archives when it ends. A run killed before that leaves the unpacked
+files: readers merge them with the archives, and the next run packs them first. Builds read a validated
+copy holding only the best record of each workload, so they load fast, never see a half-written line and
+never block on a running tuner.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
+import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 from tvmsched.errors import TuningLogError
@@ -31,6 +34,7 @@ MANIFEST_SCHEMA = 1
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 MANIFEST = "manifest.json"
+FAILED_S = 1e9  # MetaSchedule records a candidate that failed to build or run as 1e10 s
 
 
 def default_root() -> Path:
@@ -70,17 +74,22 @@ class TuningLog:
                    for path in (self.records_path, _packed(self.records_path)))
 
     def lines(self, path: Path) -> list[str]:
-        """The lines of `workloads_path` or `records_path`: unpacked where a run left them, else packed."""
-        if path.is_file():
+        """The lines of `workloads_path` or `records_path`: the archive's, then those a tuning run appended
+        to the unpacked file."""
+        return _merged(self._read(_packed(path)), self._read(path))
+
+    def _read(self, path: Path) -> list[str]:
+        """The lines of one file, gzip-compressed or not ([] if it does not exist)."""
+        if not path.is_file():
+            return []
+        if path.suffix != ".gz":
             return path.read_text().splitlines(keepends=True)
-        if _packed(path).is_file():
-            try:
-                with gzip.open(_packed(path), "rt") as file:
-                    return file.read().splitlines(keepends=True)
-            except (OSError, EOFError, UnicodeDecodeError) as error:
-                raise TuningLogError(f"'{_packed(path)}' is corrupt ({error}); restore it (git checkout "
-                                     f"{_packed(path).name}) or delete the log") from error
-        return []
+        try:
+            with gzip.open(path, "rt") as file:
+                return file.read().splitlines(keepends=True)
+        except (OSError, EOFError, UnicodeDecodeError) as error:
+            raise TuningLogError(f"'{path}' is corrupt ({error}); restore it (git checkout {path.name}) or "
+                                 f"delete the log") from error
 
     def manifest(self) -> dict:
         """The manifest (an empty one for a new log); raises if it names another target key."""
@@ -143,25 +152,36 @@ class TuningLog:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def database(self, work_dir: str | Path) -> ms.database.JSONDatabase:
-        """The log as a MetaSchedule database, read from a validated copy in `work_dir`."""
+        """The log as a MetaSchedule database for builds, read from a validated copy in `work_dir` that
+        holds the best measured record of each workload only (a build applies no other)."""
         Path(work_dir).mkdir(parents=True, exist_ok=True)
-        workloads = self._valid_lines(self.workloads_path, lambda item: isinstance(item, list))
-        records = self._valid_lines(self.records_path, lambda item: (
-            isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
-            and 0 <= item[0] < len(workloads)))
+        workloads = self._workloads()
+        records = self._records(len(workloads))
+        best: dict[int, tuple[float, str]] = {}
+        for line in records:
+            index, (_, run_secs, *_) = json.loads(line)
+            mean = sum(run_secs) / len(run_secs) if run_secs else FAILED_S
+            if mean < min(FAILED_S, best.get(index, (FAILED_S,))[0]):
+                best[index] = (mean, line)
         copies = [Path(work_dir) / WORKLOADS, Path(work_dir) / RECORDS]
-        for path, lines in zip(copies, (workloads, records)):
+        for path, lines in zip(copies, (workloads, [line for _, line in best.values()])):
             path.write_text("".join(lines))
         return ms.database.JSONDatabase(str(copies[0]), str(copies[1]), allow_missing=False)
 
     @contextmanager
-    def unpacked(self):
-        """The log's own database, unpacked for MetaSchedule to append records to as they are measured,
-        and packed again on the way out, however the run ends (hold `locked()`)."""
-        workloads = self._valid_lines(self.workloads_path, lambda item: isinstance(item, list))
+    def unpacked(self, tuned: set[str] | None = None):
+        """The log's own database for a tuning run of the workloads `tuned` (MetaSchedule's keys,
+        `database_key`; None: all), which MetaSchedule appends records to as they are measured. Every
+        workload is unpacked, but only the records of `tuned`; on the way out, however the run ends, the
+        new lines are merged into the archives (hold `locked()`)."""
+        workloads = self._workloads()
+        records = self._records(len(workloads))
+        if tuned is not None:
+            kept = {index for index, line in enumerate(workloads) if json.loads(line)[0] in tuned}
+            records = [line for line in records if json.loads(line)[0] in kept]
         self.directory.mkdir(parents=True, exist_ok=True)
         self.workloads_path.write_text("".join(workloads))
-        self.records_path.write_text("".join(self.lines(self.records_path)))
+        self.records_path.write_text("".join(records))
         try:
             yield ms.database.JSONDatabase(str(self.workloads_path), str(self.records_path),
                                            allow_missing=False)
@@ -169,38 +189,58 @@ class TuningLog:
             self.pack()
 
     def pack(self) -> None:
-        """Compress the unpacked files into their archives (atomically) and remove them; a last line that
-        a killed run did not finish writing is dropped."""
+        """Merge the unpacked files into their archives (atomically) and remove them; a last line that a
+        killed run did not finish writing is dropped."""
         for path in (self.workloads_path, self.records_path):
             if path.is_file():
-                text = path.read_text()
-                if not text.endswith("\n"):
-                    text = text[:text.rfind("\n") + 1]
+                lines = self.lines(path)
+                if lines and not lines[-1].endswith("\n"):
+                    lines.pop()
                 temporary = path.with_name(f".{path.name}.{os.getpid()}.gz")
-                temporary.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+                temporary.write_bytes(gzip.compress("".join(lines).encode(), compresslevel=9, mtime=0))
                 temporary.replace(_packed(path))
                 path.unlink()
 
+    def _workloads(self) -> list[str]:
+        return self._valid_lines(self.workloads_path, lambda item: isinstance(item, list))
+
+    def _records(self, count: int) -> list[str]:
+        """The records, each checked to name one of the `count` workloads."""
+        return self._valid_lines(self.records_path, lambda item: (
+            isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and 0 <= item[0] < count
+            and isinstance(item[1], list) and len(item[1]) == 4))
+
     def _valid_lines(self, path: Path, valid) -> list[str]:
-        """The file's lines, each checked to be JSON of the right form. A last line without its newline
-        (being appended by a running tuner, or cut off by a killed one) is left out; any other bad line is
-        an error that names it."""
-        lines = self.lines(path)
-        where = path if path.is_file() else _packed(path)
-        result = []
-        for number, line in enumerate(lines, 1):
-            if number == len(lines) and not line.endswith("\n"):
-                break
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:
-                item = None
-            if item is None or not valid(item):
-                kind = path.stem.split("_")[-1]
-                raise TuningLogError(f"{where}:{number}: not a MetaSchedule {kind} line; restore the file "
-                                     f"(git checkout {where.name}) or delete that line")
-            result.append(line)
-        return result
+        """The lines of `path` (archive and unpacked file), each checked to be JSON of the right form. A
+        file's last line without its newline (being appended by a running tuner, or cut off by a killed
+        one) is left out; any other bad line is an error that names it."""
+        checked = []
+        for where in (_packed(path), path):
+            lines = self._read(where)
+            if lines and not lines[-1].endswith("\n"):
+                lines.pop()
+            for number, line in enumerate(lines, 1):
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    item = None
+                if item is None or not valid(item):
+                    kind = path.stem.split("_")[-1]
+                    raise TuningLogError(f"{where}:{number}: not a MetaSchedule {kind} line; restore the "
+                                         f"file (git checkout {where.name}) or delete that line")
+            checked.append(lines)
+        return _merged(*checked)
+
+
+def database_key(module: tvm.IRModule) -> str:
+    """The key MetaSchedule's JSON database files a workload under (its structural hash)."""
+    return str(tvm_ffi.structural_hash(module) & (2**64 - 1))
+
+
+def _merged(packed: list[str], unpacked: list[str]) -> list[str]:
+    """An archive's lines, then the unpacked file's lines that it does not hold (those a run appended)."""
+    known = set(packed)
+    return packed + [line for line in unpacked if line not in known]
 
 
 def _packed(path: Path) -> Path:

@@ -31,7 +31,7 @@ from tvmsched.target import TargetSpec, target_device_name
 from tvmsched.tuning.builder import PooledBuilder
 from tvmsched.tuning.defaults import measure_defaults
 from tvmsched.tuning.kernels import KernelTuning, RunControl, SharedDatabase, Stopped, tune_kernels
-from tvmsched.tuning.log import TuningLog
+from tvmsched.tuning.log import TuningLog, database_key
 
 SEARCH_STRATEGIES = ("evolutionary", "replay-trace", "replay-func")
 COST_MODELS = ("xgb", "mlp", "random")
@@ -158,7 +158,8 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
             order = sorted(range(len(tasks)), key=lambda index: tasks[index].priority, reverse=True)
             tasks[:], todo[:] = [tasks[index] for index in order], [todo[index] for index in order]
             progress(result)
-            with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, log.unpacked() as database:
+            unpacked = log.unpacked({database_key(task.dispatched[0]) for task in todo})
+            with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, unpacked as database:
                 shared = SharedDatabase(database)
                 try:
                     tuning = _kernel_tuning(todo, options, concurrent, work_dir, builder, runner, shared)
