@@ -6,6 +6,9 @@ fp32 everywhere, TF32 off. Writes JSON, a markdown table and a bar chart.
     python -m experiments.bench --out-dir experiments/results                 # zoo models, batch 1 and 16
     python -m experiments.bench --out-dir /tmp/b --cases googlenet:1 tv:resnet50:16
 
+Results accumulate in the JSON of --out-dir (today's, or --date's): cases it already holds are skipped
+(--again measures them again), so the suite can be run in several calls under a time limit.
+
 A case is MODEL:BATCH for a zoo model (PyTorch runs its ONNX graph, experiments/torch_onnx.py) or
 tv:MODEL:BATCH for a torchvision network (random weights, exported to ONNX for tvmsched; PyTorch runs the
 torchvision module itself).
@@ -48,7 +51,8 @@ def measure(case: str, args) -> dict:
     source, name, batch = _parse(case)
     proto, module = (_torchvision(name, batch) if source == "tv" else (zoo.build(name, batch=batch), None))
     x = np.random.default_rng(0).standard_normal(_input_shape(proto)).astype("float32")
-    row = {"case": case, "model": name, "source": source, "batch": batch, "systems": {}}
+    row = {"case": case, "model": name, "source": source, "batch": batch,
+           "measured": datetime.datetime.now().isoformat(timespec="minutes"), "systems": {}}
     reference = _pytorch(row, proto, module, x, args)
     model = tvmsched.compile(proto, target=args.target)
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
@@ -224,19 +228,30 @@ def main() -> int:
     parser.add_argument("--tolerance", type=float, default=1e-4,
                         help="largest relative difference from PyTorch's output that counts as a match")
     parser.add_argument("--name", default="h100", help="device name in the file names")
+    parser.add_argument("--date", default=datetime.date.today().isoformat(),
+                        help="the date in the file names (default today; an earlier run's to add to it)")
+    parser.add_argument("--again", action="store_true",
+                        help="measure cases again that the JSON in --out-dir already holds (by default "
+                             "they are kept and skipped, so a long suite can run over several calls)")
     args = parser.parse_args()
-    stem = Path(args.out_dir) / f"bench_{args.name}_{datetime.date.today().isoformat()}"
+    stem = Path(args.out_dir) / f"bench_{args.name}_{args.date}"
     stem.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
+    path = stem.with_suffix(".json")
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    rows = [row for row in earlier.get("results", []) if not (args.again and row["case"] in args.cases)]
+    commands = [*earlier.get("commands", []), command("experiments.bench")]
     for case in args.cases:
+        if any(row["case"] == case for row in rows):
+            print(f"  {case:22s} measured earlier (in {path}; --again to measure it again)")
+            continue
         rows.append(measure(case, args))
         report = {"experiment": "bench", "device": device_name(resolve_target(args.target)),
-                  "date": datetime.date.today().isoformat(), "tvm": tvm.__version__,
-                  "command": command("experiments.bench"), "precision": "fp32, TF32 off (cuDNN and matmul)",
+                  "date": args.date, "tvm": tvm.__version__, "commands": commands,
+                  "precision": "fp32, TF32 off (cuDNN and matmul)",
                   "timing": "CUDA events around each inference (PyTorch), tvmsched's benchmark (median of "
                             "3 runs of `repeat`), Relax VM time_evaluator; medians in ms",
                   "tolerance": args.tolerance, "results": rows}
-        stem.with_suffix(".json").write_text(json.dumps(report, indent=1))  # after every case
+        path.write_text(json.dumps(report, indent=1))  # after every case: a later call goes on from here
     stem.with_suffix(".md").write_text(markdown(rows))
     chart(rows, stem.with_suffix(".png"))
     print(markdown(rows))
