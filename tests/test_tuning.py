@@ -291,3 +291,21 @@ def test_builds_load_only_the_best_record_of_each_workload(tuned_log, tmp_path):
     kept = [json.loads(line) for line in (tmp_path / "database_tuning_record.json").read_text().splitlines()]
     assert sorted(index for index, _ in kept) == sorted(best)
     assert all(sum(record[1]) / len(record[1]) == best[index] for index, record in kept)
+
+
+@pytest.mark.gpu
+def test_two_kernels_at_once_on_the_gpu_then_the_build_matches_onnxruntime(tmp_path, branchy_model):
+    """The CUDA path of concurrent tuning: pooled NVRTC builds, one runner measuring for both threads."""
+    cuda = resolve_target("cuda")
+    log = TuningLog.for_target(cuda, tmp_path)
+    options = TuneOptions(trials=4, concurrent=2, search="replay-trace", cost_model="random")
+    result = tune(lowered(branchy_model), cuda, log, options)
+    assert result.failed_runs == 0 and all(task.best_ms and task.default_ms for task in result.tasks)
+    per_workload = Counter(json.loads(line)[0] for line in lines(log.records_path))
+    assert sorted(per_workload.values()) == sorted(task.trials for task in result.tasks)
+    set_defaults(log, lambda key, entry: None)  # apply every record
+    model = tvmsched.compile(branchy_model, target="cuda", batch=1, tuning_log=log.directory)
+    tuned = {kernel.workload for kernel in model.graph.kernels if kernel.symbol in model.meta.tuned_kernels}
+    assert tuned == {task.workload for task in result.tasks}
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
+    assert_matches([model(x)], onnxruntime_outputs(branchy_model, {"input": x}))
