@@ -4,7 +4,9 @@ and two runs never write one log at once."""
 
 import gzip
 import json
+import os
 import shutil
+import signal
 from collections import Counter
 
 import numpy as np
@@ -163,15 +165,19 @@ def test_time_budget_stops_and_keeps_records(tmp_path, branchy_model):
     assert result.tasks[0].default_ms == defaults[result.tasks[0].workload]  # measured once
 
 
-@pytest.mark.parametrize("concurrent", [1, 2])
-def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurrent):
+@pytest.mark.parametrize("concurrent,how", [(1, "signal"), (2, "signal"), (2, "raise")])
+def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurrent, how):
+    """Ctrl-C (a SIGINT, or a KeyboardInterrupt from the progress callback) stops the run after the
+    batches in flight; every measured record is in the log and counted in the manifest."""
     log = TuningLog.for_target(LLVM, tmp_path)
     batches = []
 
     def interrupt(result):
         batches.append(result.trials)
-        if len(batches) == 2:
+        if len(batches) == 2 and how == "raise":
             raise KeyboardInterrupt
+        if len(batches) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(KeyboardInterrupt):
         tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, concurrent=concurrent, **FAST),
@@ -180,6 +186,7 @@ def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurren
     trials = sum(entry["trials"] for entry in manifest["workloads"].values())
     assert trials == len(lines(log.records_path)) == batches[-1] >= batches[1] > 0
     assert trials < 4 * len(manifest["workloads"])  # stopped early
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's again
 
 
 def test_kernels_tuned_at_once_keep_their_records_apart(tmp_path, branchy_model):
@@ -309,3 +316,20 @@ def test_two_kernels_at_once_on_the_gpu_then_the_build_matches_onnxruntime(tmp_p
     assert tuned == {task.workload for task in result.tasks}
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
     assert_matches([model(x)], onnxruntime_outputs(branchy_model, {"input": x}))
+
+
+def test_a_kernel_two_models_name_differently_is_tuned_once_and_applied_in_both(tmp_path):
+    from conftest import make_model, tensor
+    from onnx import helper
+
+    node = helper.make_node
+    one = make_model([node("Relu", ["x"], ["y"])], [tensor("x", [1, 8])], [tensor("y", [1, 8])], {})
+    two = make_model([node("Relu", ["a"], ["c"]), node("Relu", ["b"], ["d"])], [tensor("a", [1, 4]),
+                     tensor("b", [1, 8])], [tensor("c", [1, 4]), tensor("d", [1, 8])], {})
+    log = TuningLog.for_target(LLVM, tmp_path)
+    result = tune([lowered(one), lowered(two)], LLVM, log, TuneOptions(trials=2, **FAST))
+    assert sorted(task.weight for task in result.tasks) == [1, 2]  # the [1, 8] relu: 'relu' and 'relu1'
+    set_defaults(log, lambda key, entry: None)  # apply every record
+    for model in (one, two):
+        compiled = tvmsched.compile(model, target="llvm", batch=1, tuning_log=log.directory)
+        assert len(compiled.meta.tuned_kernels) == len(compiled.graph.kernels)  # under either symbol

@@ -23,15 +23,23 @@ def default_schedules(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.IRModule:
 def tuned_schedules(kernels: tvm.IRModule, spec: TargetSpec, database,
                     keep_default: frozenset[str] = frozenset()) -> tuple[tvm.IRModule, list[str]]:
     """The kernels with the best schedule `database` records for each, except the symbols in `keep_default`,
-    and the symbols it scheduled."""
-    candidates = tvm.IRModule({global_var: function for global_var, function in kernels.functions.items()
-                               if global_var.name_hint not in keep_default})
+    and the symbols it scheduled. Kernels are looked up as tuning stores them, named "main" (`anonymous`)."""
+    candidates = tvm.IRModule({global_var: anonymous(function) for global_var, function
+                               in kernels.functions.items() if global_var.name_hint not in keep_default})
     with spec.tvm_target, database:
         scheduled = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(candidates)
-    kernels = tvm.IRModule({**kernels.functions, **scheduled.functions})
+    kernels = tvm.IRModule({**kernels.functions, **{
+        global_var: function.with_attr("global_symbol", kernels[global_var].attrs["global_symbol"])
+        for global_var, function in scheduled.functions.items()}})
     tuned = sorted(global_var.name_hint for global_var, function in scheduled.functions.items()
                    if function.attrs and function.attrs.get("tirx.is_scheduled", False))
     return kernels, tuned
+
+
+def anonymous(function: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """A kernel under the symbol "main": a tuning record then applies to the same kernel whatever a model
+    names it (MetaSchedule's workload includes the symbol)."""
+    return function.with_attr("global_symbol", "main")
 
 
 def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,

@@ -11,11 +11,13 @@ runner's process measures undisturbed while other kernels build.
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import CancelledError, Future
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder.local_builder import default_export
-from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+from tvm.support.popen_pool import PopenPoolExecutor
 
 
 def build_kernel(mod, target):
@@ -36,25 +38,39 @@ NICENESS = 10  # of builds and searches: they yield the CPU to the process that 
 
 @derived_object
 class PooledBuilder(ms.builder.PyBuilder):
-    """Builds candidates on `workers` processes that live for the whole tuning run."""
+    """Builds candidates on `workers` processes that live for the whole tuning run; several threads may
+    build at once. `shutdown` cancels the builds still queued."""
 
     def __init__(self, workers: int | None, timeout_s: float, uses: int = 128):
         super().__init__()
         self.timeout_s = timeout_s
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses,
                                       initializer=os.nice, initargs=(NICENESS,))
+        self.queued: set[Future] = set()
+        self.lock = threading.Lock()
 
     def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
-        results = []
-        jobs = [(item.mod, item.target) for item in build_inputs]
-        for outcome in self.pool.map_with_error_catching(lambda job: build_and_export(*job), jobs):
-            if outcome.status == StatusKind.COMPLETE:
-                results.append(ms.builder.BuilderResult(outcome.value, None))
-            elif outcome.status == StatusKind.TIMEOUT:
-                results.append(ms.builder.BuilderResult(None, f"build timed out after {self.timeout_s:g} s"))
-            else:
-                results.append(ms.builder.BuilderResult(None, f"build failed:\n{outcome.value}"))
-        return results
+        futures = [self.pool.submit(build_and_export, item.mod, item.target) for item in build_inputs]
+        with self.lock:
+            self.queued.update(futures)
+        try:
+            return [self._result(future) for future in futures]
+        finally:
+            with self.lock:
+                self.queued.difference_update(futures)
+
+    def _result(self, future: Future) -> ms.builder.BuilderResult:
+        try:
+            return ms.builder.BuilderResult(future.result(), None)
+        except TimeoutError:
+            return ms.builder.BuilderResult(None, f"build timed out after {self.timeout_s:g} s")
+        except CancelledError:
+            return ms.builder.BuilderResult(None, "build cancelled: the tuning run stopped")
+        except Exception as error:
+            return ms.builder.BuilderResult(None, f"build failed:\n{error}")
 
     def shutdown(self) -> None:
+        with self.lock:
+            for future in self.queued:
+                future.cancel()
         self.pool.shutdown()

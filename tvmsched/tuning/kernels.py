@@ -11,9 +11,11 @@ the measuring process. Each thread keeps its own cost model; the log's database 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tvm.ir.utils import derived_object
@@ -50,6 +52,26 @@ class RunControl:
         self.interrupted = True
         self.stop.set()
 
+    @contextmanager
+    def interrupts(self):
+        """While the run is on, the first Ctrl-C stops it after the batches in flight and the second at
+        once. (TVM hands a KeyboardInterrupt raised in Python code it calls back as an unnamed error, so the
+        run cannot wait for one.) Only the main thread takes signals; elsewhere Ctrl-C is left alone."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def first_stops_then_raise(signum, frame) -> None:
+            if self.interrupted:
+                raise KeyboardInterrupt
+            self.interrupt()
+
+        previous = signal.signal(signal.SIGINT, first_stops_then_raise)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
     def fail(self, error: BaseException) -> None:
         if self.error is None:
             self.error = error
@@ -68,13 +90,14 @@ class KernelTuning:
     runner: ms.runner.Runner
     database: SharedDatabase
     cost_model: Callable[[], ms.CostModel]  # a new one per thread
+    checkpoint: Callable[[], None]  # keeps what the run measured so far (the manifest), after each kernel
 
 
 def tune_kernels(tuning: KernelTuning, control: RunControl, concurrent: int,
                  report: Callable[[object], None]) -> None:
     """Tune `control.result.tasks` in order, `concurrent` kernels at a time, until all are done or the run
-    stops. Ctrl-C lets the batches in flight be measured (a second Ctrl-C stops without them); the first
-    failure of a kernel's run stops the others and is raised."""
+    stops (see `RunControl.interrupts` for Ctrl-C); the first failure of a kernel's run stops the others
+    and is raised."""
     pending = iter(range(len(tuning.contexts)))
     taking = threading.Lock()
 
@@ -88,22 +111,16 @@ def tune_kernels(tuning: KernelTuning, control: RunControl, concurrent: int,
             if index is None:
                 return
             _tune_kernel(index, tuning, cost_model, control, report)
+            tuning.checkpoint()
 
     if concurrent == 1:
-        try:
-            work(background=False)
-        except KeyboardInterrupt:
-            control.interrupt()
+        work(background=False)
     else:
         threads = [threading.Thread(target=work, args=(True,), name=f"tvmsched-tune-{number}", daemon=True)
                    for number in range(concurrent)]
         for thread in threads:
             thread.start()
-        try:
-            _join(threads)
-        except KeyboardInterrupt:
-            control.interrupt()
-            _join(threads)
+        _join(threads)
     if control.error is not None and not control.interrupted:
         raise control.error
 
@@ -132,9 +149,7 @@ def _tune_kernel(index: int, tuning: KernelTuning, cost_model, control: RunContr
         task.exhausted = task.trials < trials  # returned early, no error: no candidates left
         task.state = "done"
     except Exception as error:  # callbacks' exceptions arrive re-wrapped by TVM's FFI
-        if "KeyboardInterrupt" in str(error):
-            control.interrupt()
-        elif not control.stop.is_set():
+        if not control.stop.is_set():
             control.fail(error)
     finally:
         task.state = "done" if task.state == "done" else "stopped"

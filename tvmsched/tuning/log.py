@@ -146,6 +146,8 @@ class TuningLog:
                 raise TuningLogError(f"another `tvmsched tune` is writing '{self.directory}'; wait for it to "
                                      f"finish or tune into another --log") from error
             try:
+                for stale in [*self.directory.glob(".*.gz"), *self.directory.glob(f".{MANIFEST}.*.tmp")]:
+                    stale.unlink()  # a killed run's half-written archive or manifest
                 self.pack()  # what a killed run left unpacked
                 yield self
             finally:
@@ -159,8 +161,8 @@ class TuningLog:
         records = self._records(len(workloads))
         best: dict[int, tuple[float, str]] = {}
         for line in records:
-            index, (_, run_secs, *_) = json.loads(line)
-            mean = sum(run_secs) / len(run_secs) if run_secs else FAILED_S
+            index, (trace, run_secs, *_) = json.loads(line)
+            mean = sum(run_secs) / len(run_secs) if run_secs and _schedules(trace) else FAILED_S
             if mean < min(FAILED_S, best.get(index, (FAILED_S,))[0]):
                 best[index] = (mean, line)
         copies = [Path(work_dir) / WORKLOADS, Path(work_dir) / RECORDS]
@@ -235,6 +237,13 @@ class TuningLog:
 def database_key(module: tvm.IRModule) -> str:
     """The key MetaSchedule's JSON database files a workload under (its structural hash)."""
     return str(tvm_ffi.structural_hash(module) & (2**64 - 1))
+
+
+def _schedules(trace: list) -> bool:
+    """Whether a record's trace schedules anything before its postprocessing (MetaSchedule applies no
+    record that does not)."""
+    instructions = trace[0] if trace else []
+    return bool(instructions) and instructions[0][0] != "EnterPostproc"
 
 
 def _merged(packed: list[str], unpacked: list[str]) -> list[str]:

@@ -24,6 +24,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
+from tvmsched.codegen import anonymous
 from tvmsched.cost.analytic import kernel_alone
 from tvmsched.errors import TvmschedError
 from tvmsched.lower import LoweredModule
@@ -86,6 +87,7 @@ class TaskProgress:
     trials: int = 0  # this run
     best_ms: float | None = None
     seconds: float = 0.0  # this run
+    seconds_before: float = 0.0  # spent tuning it in earlier runs
     exhausted: bool = False  # the search ran out of new candidates before `trials`
     state: str = "waiting"  # then "tuning", then "done" (all its trials, or exhausted) or "stopped"
 
@@ -153,26 +155,38 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
         control = RunControl(result, options.time_budget_s)
         concurrent = min(options.kernels_at_once(spec), len(todo))
         builder, runner = PooledBuilder(options.workers, options.build_timeout_s), _runner(options)
+
+        def checkpoint() -> None:
+            """Write what the run measured so far into the manifest, so a killed run loses none of it."""
+            with control.lock:
+                _record(entries, tasks)
+                log.write_manifest(manifest, target_device_name(spec))
+
         try:
-            _measure_defaults(tasks, todo, spec, target, builder, runner, control)
-            order = sorted(range(len(tasks)), key=lambda index: tasks[index].priority, reverse=True)
-            tasks[:], todo[:] = [tasks[index] for index in order], [todo[index] for index in order]
-            progress(result)
-            unpacked = log.unpacked({database_key(task.dispatched[0]) for task in todo})
-            with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, unpacked as database:
-                shared = SharedDatabase(database)
-                try:
-                    tuning = _kernel_tuning(todo, options, concurrent, work_dir, builder, runner, shared)
-                    tune_kernels(tuning, control, concurrent, progress)
-                finally:
-                    shared.close()
+            with control.interrupts():
+                _measure_defaults(tasks, todo, spec, target, builder, runner, control)
+                checkpoint()
+                order = sorted(range(len(tasks)), key=lambda index: tasks[index].priority, reverse=True)
+                tasks[:], todo[:] = [tasks[index] for index in order], [todo[index] for index in order]
+                progress(result)
+                unpacked = log.unpacked({database_key(task.dispatched[0]) for task in todo})
+                with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, unpacked as database:
+                    shared = SharedDatabase(database)
+                    try:
+                        tuning = _kernel_tuning(todo, options, concurrent, work_dir, builder, runner, shared,
+                                                checkpoint)
+                        tune_kernels(tuning, control, concurrent, progress)
+                    finally:
+                        shared.close()
         except Stopped:
-            pass  # the time budget, spent while measuring the defaults
+            pass  # the time budget or Ctrl-C, while measuring the defaults
+        except Exception:
+            if not control.interrupted:  # else: a second Ctrl-C, re-raised by TVM as another error
+                raise
         finally:
-            builder.shutdown()
             result.seconds = time.perf_counter() - start
-            _record(entries, tasks)
-            log.write_manifest(manifest, target_device_name(spec))
+            checkpoint()
+            builder.shutdown()
         if control.interrupted:
             raise KeyboardInterrupt
     return result
@@ -198,14 +212,14 @@ def _measure_defaults(tasks: list[TaskProgress], todo: list[ms.ExtractedTask], s
 
 
 def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurrent: int, work_dir: str,
-                   builder, runner, database: SharedDatabase) -> KernelTuning:
+                   builder, runner, database: SharedDatabase, checkpoint) -> KernelTuning:
     """The MetaSchedule contexts of the kernels and what their runs share; the cores are divided among the
     kernels tuned at once."""
     threads = max(1, (options.workers or psutil.cpu_count(logical=False) or 1) // concurrent)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         todo, work_dir, strategy=_strategy(options), seed=options.seed, num_threads=threads)
     return KernelTuning(contexts, weights, options.trials, work_dir, builder, runner, database,
-                        lambda: ms.CostModel.create(options.cost_model, num_tuning_cores=threads))
+                        lambda: ms.CostModel.create(options.cost_model, num_tuning_cores=threads), checkpoint)
 
 
 def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: dict, trials: int
@@ -227,8 +241,16 @@ def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: d
                 function = task.dispatched[0]
                 unique[key] = (TaskProgress(task.task_name, key, int(task.weight),
                                             int(estimate_tir_flops(function)), _traffic(function["main"]),
-                                            entry.get("trials", 0), entry.get("default_ms")), task)
+                                            entry.get("trials", 0), entry.get("default_ms"),
+                                            seconds_before=entry.get("seconds", 0.0)), _anonymous(task))
     return [task for task, _ in unique.values()], [task for _, task in unique.values()], len(skipped)
+
+
+def _anonymous(task: ms.ExtractedTask) -> ms.ExtractedTask:
+    """The task with its kernel under the symbol "main", as builds look it up (`codegen.anonymous`)."""
+    module = task.dispatched[0]
+    kernel = tvm.IRModule({"main": anonymous(module["main"])}, attrs=module.attrs)
+    return ms.ExtractedTask(task.task_name, task.mod, task.target, [kernel], task.weight)
 
 
 def _record(entries: dict, tasks: list[TaskProgress]) -> None:
@@ -238,7 +260,7 @@ def _record(entries: dict, tasks: list[TaskProgress]) -> None:
             continue
         entry = entries.setdefault(task.workload, {"name": task.name, "trials": 0})
         entry["trials"] = task.trials_before + task.trials
-        entry["seconds"] = round(entry.get("seconds", 0.0) + task.seconds, 1)
+        entry["seconds"] = round(task.seconds_before + task.seconds, 1)
         for key in ("default_ms", "best_ms"):
             value = getattr(task, key)
             if value is not None:
