@@ -5,7 +5,7 @@ where the batch waits for its slowest build) with a short GPU measurement, so on
 both mostly idle. Several kernels are tuned at once by threads (TVM releases the GIL in its calls); they
 share the builder's worker pool, which fills the gaps, and the runner, whose single worker measures one
 candidate at a time, so GPU timings never overlap. Builds and searches run at a lower CPU priority than
-the measuring process. Each thread keeps its own cost model; the log's database is shared behind a lock.
+the measuring process. The cost model and the log's database are shared behind locks.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class KernelTuning:
     builder: ms.builder.Builder
     runner: ms.runner.Runner
     database: SharedDatabase
-    cost_model: Callable[[], ms.CostModel]  # a new one per thread
+    cost_model: SharedCostModel
     checkpoint: Callable[[], None]  # keeps what the run measured so far (the manifest), after each kernel
 
 
@@ -104,13 +104,12 @@ def tune_kernels(tuning: KernelTuning, control: RunControl, concurrent: int,
     def work(background: bool) -> None:
         if background:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
-        cost_model = tuning.cost_model()
         while not control.stop.is_set():
             with taking:
                 index = next(pending, None)
             if index is None:
                 return
-            _tune_kernel(index, tuning, cost_model, control, report)
+            _tune_kernel(index, tuning, control, report)
             tuning.checkpoint()
 
     if concurrent == 1:
@@ -132,7 +131,7 @@ def _join(threads: list[threading.Thread]) -> None:
             thread.join(0.2)
 
 
-def _tune_kernel(index: int, tuning: KernelTuning, cost_model, control: RunControl, report) -> None:
+def _tune_kernel(index: int, tuning: KernelTuning, control: RunControl, report) -> None:
     """One kernel's MetaSchedule run: its remaining trials, batch by batch, each batch's records committed
     as it is measured."""
     task = control.result.tasks[index]
@@ -143,7 +142,7 @@ def _tune_kernel(index: int, tuning: KernelTuning, cost_model, control: RunContr
         ms.tune_tasks(tasks=[tuning.contexts[index]], task_weights=[tuning.weights[index]],
                       work_dir=tuning.work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
                       task_scheduler="round-robin", builder=tuning.builder, runner=tuning.runner,
-                      database=tuning.database, cost_model=cost_model,
+                      database=tuning.database, cost_model=tuning.cost_model,
                       measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
                                          _ProgressCallback(task, control, report)])
         task.exhausted = task.trials < trials  # returned early, no error: no candidates left
@@ -240,3 +239,30 @@ class SharedDatabase(ms.database.PyDatabase):
     def __len__(self) -> int:
         with self.lock:
             return len(self.database)
+
+
+@derived_object
+class SharedCostModel(ms.cost_model.PyCostModel):
+    """One cost model for the kernels tuned at once, trained on all their measurements (each kernel's first
+    batch is ranked by what the others taught it); one call at a time."""
+
+    def __init__(self, model: ms.CostModel):
+        super().__init__()
+        self.model = model
+        self.lock = threading.Lock()
+
+    def load(self, path: str) -> None:
+        with self.lock:
+            self.model.load(path)
+
+    def save(self, path: str) -> None:
+        with self.lock:
+            self.model.save(path)
+
+    def update(self, context, candidates, results) -> None:
+        with self.lock:
+            self.model.update(context, candidates, results)
+
+    def predict(self, context, candidates):
+        with self.lock:
+            return self.model.predict(context, candidates)

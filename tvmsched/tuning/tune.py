@@ -31,7 +31,14 @@ from tvmsched.lower import LoweredModule
 from tvmsched.target import TargetSpec, target_device_name
 from tvmsched.tuning.builder import PooledBuilder
 from tvmsched.tuning.defaults import measure_defaults
-from tvmsched.tuning.kernels import KernelTuning, RunControl, SharedDatabase, Stopped, tune_kernels
+from tvmsched.tuning.kernels import (
+    KernelTuning,
+    RunControl,
+    SharedCostModel,
+    SharedDatabase,
+    Stopped,
+    tune_kernels,
+)
 from tvmsched.tuning.log import TuningLog, database_key
 
 SEARCH_STRATEGIES = ("evolutionary", "replay-trace", "replay-func")
@@ -214,12 +221,14 @@ def _measure_defaults(tasks: list[TaskProgress], todo: list[ms.ExtractedTask], s
 def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurrent: int, work_dir: str,
                    builder, runner, database: SharedDatabase, checkpoint) -> KernelTuning:
     """The MetaSchedule contexts of the kernels and what their runs share; the cores are divided among the
-    kernels tuned at once."""
-    threads = max(1, (options.workers or psutil.cpu_count(logical=False) or 1) // concurrent)
+    searches of the kernels tuned at once."""
+    cores = options.workers or psutil.cpu_count(logical=False) or 1
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        todo, work_dir, strategy=_strategy(options), seed=options.seed, num_threads=threads)
-    return KernelTuning(contexts, weights, options.trials, work_dir, builder, runner, database,
-                        lambda: ms.CostModel.create(options.cost_model, num_tuning_cores=threads), checkpoint)
+        todo, work_dir, strategy=_strategy(options), seed=options.seed,
+        num_threads=max(1, cores // concurrent))
+    cost_model = SharedCostModel(ms.CostModel.create(options.cost_model, num_tuning_cores=cores))
+    return KernelTuning(contexts, weights, options.trials, work_dir, builder, runner, database, cost_model,
+                        checkpoint)
 
 
 def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: dict, trials: int
