@@ -11,13 +11,15 @@ from tvmsched.target import TargetSpec
 
 
 def default_schedules(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.IRModule:
-    """Give every unscheduled GPU kernel dlight's default schedule; CPU kernels compile as they are."""
+    """Give every unscheduled GPU kernel dlight's default schedule; CPU kernels compile as they are. dlight
+    replaces the functions of the module it is given, so it gets a copy: `kernels` stays as it was."""
     if spec.kind != "cuda":
         return kernels
     gpu = dlight.gpu
     with spec.tvm_target:
         return dlight.ApplyDefaultSchedule(gpu.Matmul(), gpu.GEMV(), gpu.Reduction(), gpu.GeneralReduction(),
-                                           gpu.Fallback())(kernels)
+                                           gpu.Fallback())(tvm.IRModule(dict(kernels.functions),
+                                                                        attrs=kernels.attrs))
 
 
 def tuned_schedules(kernels: tvm.IRModule, spec: TargetSpec, database,
