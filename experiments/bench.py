@@ -116,13 +116,11 @@ def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None
     try:
         import torch
 
-        from experiments.torch_onnx import OnnxModule, cuda_graph
+        from experiments.torch_onnx import OnnxModule, cuda_graph, fp32_settings
     except ImportError as error:
         row["pytorch"] = f"not measured: {error}"
         return None
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
+    fp32_settings()
     cuda = args.target != "llvm"
     device = "cuda" if cuda else "cpu"
     module = (module or OnnxModule(proto)).to(device).eval()

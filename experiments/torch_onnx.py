@@ -35,6 +35,14 @@ class OnnxModule(torch.nn.Module):
         return outputs[0] if len(outputs) == 1 else outputs
 
 
+def fp32_settings() -> None:
+    """The settings every PyTorch baseline here runs with: TF32 off in cuDNN and matmuls (fp32 like
+    tvmsched), cuDNN's algorithm search on."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+
+
 def cuda_graph(module: OnnxModule, example: torch.Tensor):
     """Capture one inference of `module` on the GPU; returns (replay, static input, static output)."""
     static_input = example.clone()

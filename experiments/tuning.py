@@ -51,12 +51,10 @@ def _pytorch(proto, x: np.ndarray, expected: np.ndarray, repeat: int) -> dict:
     try:
         import torch
 
-        from experiments.torch_onnx import OnnxModule, cuda_graph
+        from experiments.torch_onnx import OnnxModule, cuda_graph, fp32_settings
     except ImportError as error:
         return {"pytorch": f"not measured: {error}"}
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
+    fp32_settings()
     module = OnnxModule(proto).cuda().eval()
     example = torch.from_numpy(x).cuda()
     replay, _, output = cuda_graph(module, example)
