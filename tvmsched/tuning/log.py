@@ -29,12 +29,13 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvmsched.errors import TuningLogError
 from tvmsched.target import TargetSpec
+from tvmsched.tuning.defaults import mean_ms
 
 MANIFEST_SCHEMA = 1
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 MANIFEST = "manifest.json"
-FAILED_S = 1e9  # MetaSchedule records a candidate that failed to build or run as 1e10 s
+FAILED_MS = 1e12  # MetaSchedule records a candidate that failed to build or run as 1e10 s
 
 
 def default_root() -> Path:
@@ -162,8 +163,8 @@ class TuningLog:
         best: dict[int, tuple[float, str]] = {}
         for line in records:
             index, (trace, run_secs, *_) = json.loads(line)
-            mean = sum(run_secs) / len(run_secs) if run_secs and _schedules(trace) else FAILED_S
-            if mean < min(FAILED_S, best.get(index, (FAILED_S,))[0]):
+            mean = mean_ms(run_secs) if run_secs and _schedules(trace) else FAILED_MS
+            if mean < min(FAILED_MS, best.get(index, (FAILED_MS,))[0]):
                 best[index] = (mean, line)
         copies = [Path(work_dir) / WORKLOADS, Path(work_dir) / RECORDS]
         for path, lines in zip(copies, (workloads, [line for _, line in best.values()])):
