@@ -5,7 +5,8 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import assert_matches, onnxruntime_outputs
+from conftest import assert_matches, make_model, onnxruntime_outputs, tensor
+from onnx import helper
 
 import tvmsched
 from tvmsched.api import ARTIFACTS
@@ -132,3 +133,37 @@ def test_plan_records_what_it_was_made_for(branchy_model):
     device = f"cpu-{platform.machine()}"
     assert model.plan.context == {"target": model.meta.target.key, "device": device, "batch": 2}
     assert model.plan.memory.activation_bytes > 0
+
+
+@pytest.fixture
+def pooled_branches():
+    """Two average pools (padded cells not counted: scratch in global memory on llvm) on parallel branches."""
+    rng = np.random.default_rng(8)
+    weights = {"w": rng.standard_normal((4, 4, 1, 1)).astype("float32")}
+    pool = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 0}
+    nodes = [helper.make_node("AveragePool", ["input"], ["a"], **pool),
+             helper.make_node("Conv", ["input", "w"], ["c"]),
+             helper.make_node("AveragePool", ["c"], ["b"], strides=[2, 2], **pool),
+             helper.make_node("Relu", ["b"], ["r"]),
+             helper.make_node("Flatten", ["a"], ["fa"]),
+             helper.make_node("Flatten", ["r"], ["fr"]),
+             helper.make_node("Concat", ["fa", "fr"], ["output"], axis=1)]
+    return make_model(nodes, [tensor("input", [1, 4, 9, 9])], [tensor("output", [1, 4 * 81 + 4 * 25])],
+                      weights)
+
+
+def test_workspace_of_concurrent_kernels_gets_buffers_of_their_own(pooled_branches, tmp_path):
+    """Kernels with scratch memory on parallel streams must not share it (as TVM's workspace pool would)."""
+    model = tvmsched.compile(pooled_branches, target="llvm", schedule="chains", max_streams=4)
+    pools = [kernel for kernel in model.graph.kernels if "pool" in kernel.symbol]
+    assert len(pools) == 2 and all(kernel.workspace for kernel in pools)
+    stream = {launch.kernel: launch.stream for launch in model.plan.launches}
+    assert stream[pools[0].id] != stream[pools[1].id]
+    buffers = [{model.plan.memory.tensor_buffers[tensor.name] for tensor in kernel.workspace}
+               for kernel in pools]
+    assert not buffers[0] & buffers[1]
+    x = np.random.default_rng(9).standard_normal((1, 4, 9, 9)).astype("float32")
+    assert_matches([model(x)], onnxruntime_outputs(pooled_branches, {"input": x}))
+    loaded = tvmsched.load(model.save(tmp_path / "build"))
+    assert loaded.graph == model.graph
+    np.testing.assert_array_equal(loaded(x), model(x))

@@ -1,7 +1,15 @@
-"""Kernel schedules at build: dlight's defaults and tuned records, without touching the caller's kernels."""
+"""Kernel schedules at build: dlight's defaults and tuned records, without touching the caller's kernels;
+scratch memory in global memory hoisted into workspace parameters."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, topi
+from tvm.script import tirx as T
 
 from tvmsched import frontend
-from tvmsched.codegen import default_schedules
+from tvmsched.codegen import default_schedules, hoist_workspace
+from tvmsched.errors import GraphError
 from tvmsched.lower import kernel_module, lower
 from tvmsched.target import resolve_target
 
@@ -14,3 +22,46 @@ def test_default_schedules_leave_the_given_kernels_unscheduled(branchy_model):
     scheduled = default_schedules(kernels, resolve_target("nvidia/nvidia-h100"))
     assert all(function.attrs.get("tirx.is_scheduled", False) for function in scheduled.functions.values())
     assert not any(function.attrs.get("tirx.is_scheduled", False) for function in kernels.functions.values())
+
+
+def test_scratch_buffers_become_trailing_parameters_with_the_same_results():
+    """An average pool without padded cells in its count keeps its padded input and its window sums in
+    global memory: TVM would take them from the shared workspace pool at each call."""
+    data = te.placeholder((1, 4, 9, 9), name="data")
+    pool = topi.nn.pool2d(data, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "avg", count_include_pad=False)
+    kernels = tvm.IRModule({"pool": te.create_prim_func([data, pool]).with_attr("global_symbol", "pool")})
+    hoisted, workspace = hoist_workspace(kernels)
+    assert workspace == {"pool": (((1, 4, 11, 11), "float32"), ((1, 4, 9, 9), "float32"))}
+    assert len(hoisted["pool"].params) == 4
+    x = np.random.default_rng(0).standard_normal((1, 4, 9, 9)).astype("float32")
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ones = np.pad(np.ones_like(x), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    window = lambda a: sum(a[:, :, i:i + 9, j:j + 9] for i in range(3) for j in range(3))  # noqa: E731
+    expected = window(padded) / window(ones)
+    device = tvm.cpu()
+    library = tvm.compile(hoisted, target="llvm")
+    arrays = [tvm.runtime.tensor(x, device), tvm.runtime.empty(x.shape, "float32", device),
+              *(tvm.runtime.empty(shape, dtype, device) for shape, dtype in workspace["pool"])]
+    library["pool"](*arrays)
+    np.testing.assert_allclose(arrays[1].numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@T.prim_func(s_tir=True)
+def _row_scratch(a: T.Buffer((4, 8), "float32"), b: T.Buffer((4, 8), "float32")):
+    for i in range(4):
+        with T.sblock("row"):
+            vi = T.axis.spatial(4, i)
+            row = T.sblock_alloc_buffer((8,))
+            for j in range(8):
+                with T.sblock("scale"):
+                    vj = T.axis.spatial(8, j)
+                    row[vj] = a[vi, vj] * T.float32(2)
+            for j in range(8):
+                with T.sblock("shift"):
+                    vj = T.axis.spatial(8, j)
+                    b[vi, vj] = row[vj] + T.float32(1)
+
+
+def test_scratch_outside_the_root_block_is_refused_by_name():
+    with pytest.raises(GraphError, match=r"\['row_scratch'\] allocate scratch memory outside their root"):
+        hoist_workspace(tvm.IRModule({"row_scratch": _row_scratch}))

@@ -32,3 +32,18 @@ def test_cuda_graph_replays_follow_new_inputs(branchy_model):
     for _ in range(5):
         x = rng.standard_normal((2, 3, 8, 8)).astype("float32")
         np.testing.assert_allclose(model(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_tuned_kernels_with_workspace_on_parallel_streams_match_sequential():
+    """The tuned schedules of nasnet's average pools keep scratch in global memory. Before it became planned
+    workspace buffers, TVM's shared workspace pool gave parallel kernels the same scratch: greedy, opara and
+    dp outputs were off on the H100 while sequential and nimble matched."""
+    reference = tvmsched.compile("nasnet", target="cuda", executor="sequential")
+    if not any(kernel.workspace for kernel in reference.graph.kernels):
+        pytest.skip("no kernel of this GPU's build has workspace (no shipped tuning log for this GPU)")
+    x = np.random.default_rng(13).standard_normal(reference.inputs[0].shape).astype("float32")
+    expected = reference(x)
+    for schedule in ("greedy", "opara", "dp"):
+        model = reference.reschedule(schedule, executor="cuda-graph")
+        for _ in range(3):
+            np.testing.assert_allclose(model(x), expected, rtol=1e-6, atol=1e-6)

@@ -38,11 +38,11 @@ def assert_race_free(graph, plan) -> None:
             assert (producer, kernel.id) in ordered, f"kernel {kernel.id} may read {producer} early"
     users = {}
     for kernel in graph.kernels:
-        for tensor in kernel.outputs:
+        for tensor in kernel.written:  # outputs and workspace
             users.setdefault(tensor.name, set()).add(kernel.id)
         for tensor in kernel.inputs:
             users.setdefault(tensor.name, set()).add(kernel.id)
-    writer = {tensor.name: kernel.id for kernel in graph.kernels for tensor in kernel.outputs}
+    writer = {tensor.name: kernel.id for kernel in graph.kernels for tensor in kernel.written}
     by_buffer = {}
     for name, buffer in plan.memory.tensor_buffers.items():
         by_buffer.setdefault(buffer, []).append(name)

@@ -108,15 +108,16 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
     with log.applied(workloads) if log else nullcontext((None, frozenset())) as (database, keep_default):
-        library, tuned_kernels = build_library(kernel_module(lowered), spec, database, keep_default)
+        built = build_library(kernel_module(lowered), spec, database, keep_default)
+    graph = graph.with_workspace(built.workspace)
     output_names = [value.name for value in proto.graph.output]
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))
-    meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(tuned_kernels),
+    meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
                      str(log.directory) if database else None)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
-    model = CompiledModel(library, graph, sequential, constants, meta, executor)
+    model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
     if schedule == "sequential":
         return model
     progress(f"scheduling ({schedule})")

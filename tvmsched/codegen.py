@@ -1,12 +1,21 @@
 """Compile a graph's PrimFuncs into one kernel library for a target: tuned schedules from a MetaSchedule
-database where it has them, dlight's defaults for the other GPU kernels."""
+database where it has them, dlight's defaults for the other GPU kernels, and the scratch buffers in global
+memory that a schedule allocates turned into parameters (the kernel's workspace tensors).
+
+Why the workspace is hoisted: TVM allocates such scratch per call from one pool per device and hands the
+same memory to the next kernel launched, whatever its stream, so two such kernels running at once on two
+streams would share it (a race), and a CUDA Graph would keep addresses the pool may free later."""
 
 from __future__ import annotations
 
-import tvm
-from tvm import relax
-from tvm.s_tir import dlight
+from dataclasses import dataclass
 
+import tvm
+from tvm import relax, s_tir
+from tvm.s_tir import dlight
+from tvm.s_tir.analysis import calculate_allocated_bytes
+
+from tvmsched.errors import GraphError
 from tvmsched.target import TargetSpec
 
 
@@ -44,11 +53,75 @@ def anonymous(function: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     return function.with_attr("global_symbol", "main")
 
 
+Workspace = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each scratch buffer of a kernel
+
+
+@dataclass(frozen=True)
+class Library:
+    """The compiled kernels, callable by symbol (`executable[symbol](*inputs, *outputs, *workspace)`), the
+    symbols whose schedules came from the tuning database, and the workspace of each symbol that has one."""
+
+    executable: tvm.runtime.Executable
+    tuned: list[str]
+    workspace: dict[str, Workspace]
+
+
 def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
-                  keep_default: frozenset[str] = frozenset()) -> tuple[tvm.runtime.Executable, list[str]]:
-    """One library with every kernel, callable by symbol (`library[symbol](*inputs, *outputs)`), and the
-    symbols whose schedules came from `database` (all but those in `keep_default`)."""
+                  keep_default: frozenset[str] = frozenset()) -> Library:
+    """One library with every kernel, scheduled from `database` (all but the symbols in `keep_default`)
+    where it has a record, else by dlight, with its scratch memory hoisted (`hoist_workspace`)."""
     tuned: list[str] = []
     if database is not None:
         kernels, tuned = tuned_schedules(kernels, spec, database, keep_default)
-    return tvm.compile(default_schedules(kernels, spec), target=spec.tvm_target), tuned
+    kernels, workspace = hoist_workspace(default_schedules(kernels, spec))
+    return Library(tvm.compile(kernels, target=spec.tvm_target), tuned, workspace)
+
+
+def hoist_workspace(kernels: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, Workspace]]:
+    """The scheduled kernels with each scratch buffer in global memory taken from the root block's
+    allocations to a trailing parameter, and {symbol: its buffers} for the kernels that had any."""
+    functions, workspace = {}, {}
+    for global_var, function in kernels.functions.items():
+        root = function.body.block if isinstance(function.body, s_tir.SBlockRealize) else None
+        scratch = [buffer for buffer in root.alloc_buffers if buffer.scope() == "global"] if root else []
+        if scratch:
+            functions[global_var] = _with_parameters(function, scratch)
+            symbol = global_var.name_hint
+            workspace[symbol] = tuple((_static_shape(buffer, symbol), buffer.dtype) for buffer in scratch)
+        else:
+            functions[global_var] = function
+    hoisted = tvm.IRModule(functions, attrs=kernels.attrs)
+    _check_no_global_scratch(hoisted)
+    return hoisted, workspace
+
+
+def _with_parameters(function: tvm.tirx.PrimFunc, scratch: list) -> tvm.tirx.PrimFunc:
+    """`function` taking the root block's buffers `scratch` as trailing parameters instead."""
+    realize, root = function.body, function.body.block
+    kept = [buffer for buffer in root.alloc_buffers if not any(buffer.same_as(other) for other in scratch)]
+    block = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, root.body, root.init, kept,
+                         root.match_buffers, root.annotations)
+    return tvm.tirx.PrimFunc([*function.params, *scratch],
+                             s_tir.SBlockRealize(realize.iter_values, realize.predicate, block),
+                             function.ret_type, function.attrs)
+
+
+def _static_shape(buffer, symbol: str) -> tuple[int, ...]:
+    if not all(isinstance(dim, tvm.tirx.IntImm) for dim in buffer.shape):
+        raise GraphError(f"kernel '{symbol}' allocates scratch buffer '{buffer.name}' of symbolic shape "
+                         f"{list(buffer.shape)}; bind every input dimension statically")
+    return tuple(int(dim) for dim in buffer.shape)
+
+
+def _check_no_global_scratch(kernels: tvm.IRModule) -> None:
+    """Raise GraphError if a kernel still allocates global memory (a scratch buffer outside the root block,
+    which `hoist_workspace` cannot give a buffer of its own)."""
+    passes = s_tir.transform
+    opaque = tvm.transform.Sequential([passes.LowerInitBlock(), passes.ConvertBlocksToOpaque(),
+                                       passes.LowerOpaqueBlock()])(kernels)
+    left = sorted(symbol for symbol, scopes in calculate_allocated_bytes(opaque).items()
+                  if scopes.get("global"))
+    if left:
+        raise GraphError(f"kernels {left} allocate scratch memory outside their root block, which tvmsched "
+                         f"cannot give buffers of their own (streams would share it); build without the "
+                         f"tuning records of these kernels (--untuned, or another --log)")

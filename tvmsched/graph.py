@@ -1,14 +1,16 @@
 """KernelGraph: the fused kernels of a lowered model as plain data, shared by every later stage.
 
 Nodes are kernels (one `call_tir` each) with their input and output tensors, FLOPs and bytes estimates;
-edges are the tensors between them. Ids follow the program order, which is a topological order.
+edges are the tensors between them. Ids follow the program order, which is a topological order. A kernel
+whose compiled schedule needs scratch memory in global memory also has workspace tensors (`with_workspace`,
+after the build): device buffers only it uses, planned like its outputs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -20,7 +22,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 from tvmsched.errors import GraphError
 from tvmsched.lower import LoweredModule, is_call_tir
 
-SCHEMA = 1
+SCHEMA = 2  # 2: kernels have workspace tensors
 TENSOR_KINDS = ("input", "param", "constant", "kernel")
 
 
@@ -51,7 +53,8 @@ class TensorRef:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One fused kernel: the PrimFunc `symbol` applied to `inputs`, writing `outputs`."""
+    """One fused kernel: the PrimFunc `symbol` applied to `inputs`, writing `outputs`, with the scratch
+    tensors of its compiled schedule in `workspace` (called as `symbol(*inputs, *outputs, *workspace)`)."""
 
     id: int
     symbol: str
@@ -61,19 +64,27 @@ class Kernel:
     flops: int
     bytes: int
     op_kinds: tuple[str, ...]
+    workspace: tuple[TensorRef, ...] = ()
+
+    @property
+    def written(self) -> tuple[TensorRef, ...]:
+        """Every tensor the kernel writes, each needing a buffer: its outputs, then its workspace."""
+        return self.outputs + self.workspace
 
     def to_json(self) -> dict:
         return {"id": self.id, "symbol": self.symbol, "workload": self.workload,
                 "inputs": [tensor.to_json() for tensor in self.inputs],
                 "outputs": [tensor.to_json() for tensor in self.outputs],
-                "flops": self.flops, "bytes": self.bytes, "op_kinds": list(self.op_kinds)}
+                "flops": self.flops, "bytes": self.bytes, "op_kinds": list(self.op_kinds),
+                "workspace": [tensor.to_json() for tensor in self.workspace]}
 
     @classmethod
     def from_json(cls, data: dict) -> Kernel:
         return cls(data["id"], data["symbol"], data["workload"],
                    tuple(TensorRef.from_json(tensor) for tensor in data["inputs"]),
                    tuple(TensorRef.from_json(tensor) for tensor in data["outputs"]),
-                   data["flops"], data["bytes"], tuple(data["op_kinds"]))
+                   data["flops"], data["bytes"], tuple(data["op_kinds"]),
+                   tuple(TensorRef.from_json(tensor) for tensor in data["workspace"]))
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,16 @@ class KernelGraph:
         """Content hash of structure, shapes and kernel workloads (not constant values)."""
         payload = json.dumps(self.to_json(), sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()[:16]
+
+    def with_workspace(self, workspace: dict[str, tuple[tuple[tuple[int, ...], str], ...]]) -> KernelGraph:
+        """The graph with workspace tensors for the kernels whose symbol `workspace` lists, as the build
+        found them: (shape, dtype) of each scratch buffer its schedule allocates in global memory."""
+        def tensors(kernel: Kernel) -> tuple[TensorRef, ...]:
+            return tuple(TensorRef(f"k{kernel.id}.workspace{index}", shape, dtype, "kernel", kernel.id,
+                                   len(kernel.outputs) + index)
+                         for index, (shape, dtype) in enumerate(workspace.get(kernel.symbol, ())))
+        kernels = tuple(replace(kernel, workspace=tensors(kernel)) for kernel in self.kernels)
+        return replace(self, kernels=kernels)
 
     def dependencies(self, kernel_id: int) -> set[int]:
         """Ids of the kernels whose outputs `kernel_id` reads."""

@@ -1,4 +1,5 @@
-"""The buffer plan: kernel outputs share device buffers only where the launch order proves it safe.
+"""The buffer plan: the tensors kernels write (outputs and workspace) share device buffers only where the
+launch order proves it safe.
 
 A tensor may take over a buffer only when its previous tenant's producer and every reader complete before
 the new producer starts (stream order or an event path), so kernels that may run concurrently never share
@@ -65,7 +66,7 @@ def plan_memory(graph: KernelGraph, order, launches) -> MemoryPlan:
     tenant: list[TensorRef | None] = []  # the latest tensor in each buffer; None: pinned to a graph output
     assignment: dict[str, int] = {}
     for launch in launches:
-        for tensor in graph.kernels[launch.kernel].outputs:
+        for tensor in graph.kernels[launch.kernel].written:
             free = [buffer for buffer, current in enumerate(tenant)
                     if current is not None and _released(current, tensor, readers, order)]
             fitting = [buffer for buffer in free if sizes[buffer] >= tensor.nbytes]
@@ -99,4 +100,4 @@ def _readers(graph: KernelGraph) -> dict[str, set[int]]:
 
 
 def _kernel_outputs(graph: KernelGraph) -> list[TensorRef]:
-    return [tensor for kernel in graph.kernels for tensor in kernel.outputs]
+    return [tensor for kernel in graph.kernels for tensor in kernel.written]

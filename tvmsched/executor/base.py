@@ -63,15 +63,15 @@ class Executor(ABC):
             self.buffers[tensor.name] = tvm.runtime.empty(tensor.shape, tensor.dtype, device)
         pool = [tvm.runtime.empty((size,), "uint8", device) for size in plan.memory.buffer_sizes]
         for kernel in graph.kernels:
-            for tensor in kernel.outputs:
+            for tensor in kernel.written:
                 buffer = pool[plan.memory.tensor_buffers[tensor.name]]
                 self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
         self.functions = {symbol: library[symbol] for symbol in {kernel.symbol for kernel in graph.kernels}}
 
     def kernel_call(self, kernel_id: int) -> tuple[object, list[tvm.runtime.Tensor]]:
-        """The kernel's compiled function and the buffers it is called with (inputs, then outputs)."""
+        """The kernel's compiled function and the buffers it is called with (inputs, outputs, workspace)."""
         kernel = self.graph.kernels[kernel_id]
-        arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+        arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.written]
         return self.functions[kernel.symbol], arguments
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -177,9 +177,9 @@ class StageTimer(StreamsExecutor):
     name = "stage-timer"
 
     def __init__(self, library, graph, plan, constants, device, max_groups: int = 8):
-        separate = MemoryPlan(tuple(tensor.nbytes for kernel in graph.kernels for tensor in kernel.outputs),
+        separate = MemoryPlan(tuple(tensor.nbytes for kernel in graph.kernels for tensor in kernel.written),
                               {tensor.name: index for index, tensor in
-                               enumerate(t for kernel in graph.kernels for t in kernel.outputs)})
+                               enumerate(t for kernel in graph.kernels for t in kernel.written)})
         super().__init__(library, graph, replace(plan, memory=separate), constants, device)
         while len(self.streams) < max_groups:
             self.streams.append(check(self.cudart.cudaStreamCreateWithFlags(self.cudart.cudaStreamNonBlocking)))
