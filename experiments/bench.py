@@ -31,7 +31,7 @@ import tvm
 from tvm import relax
 
 import tvmsched
-from experiments.common import command, event_median_ms, median_ms, relative_diff
+from experiments.common import command, earlier_results, event_median_ms, median_ms, now, relative_diff
 from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
 from tvmsched.graph import extract
@@ -52,7 +52,7 @@ def measure(case: str, args) -> dict:
     proto, module = (_torchvision(name, batch) if source == "tv" else (zoo.build(name, batch=batch), None))
     x = np.random.default_rng(0).standard_normal(_input_shape(proto)).astype("float32")
     row = {"case": case, "model": name, "source": source, "batch": batch,
-           "measured": datetime.datetime.now().isoformat(timespec="minutes"), "systems": {}}
+           "measured": now(), "systems": {}}
     reference = _pytorch(row, proto, module, x, args)
     model = tvmsched.compile(proto, target=args.target)
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
@@ -138,7 +138,11 @@ def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None
                 "max_rel_diff_vs_eager": relative_diff(output.cpu().numpy(), expected)}
         start = time.perf_counter()
         compiled = torch.compile(module, mode="reduce-overhead" if cuda else "default")
-        output = compiled(example).cpu().numpy()
+        try:
+            output = compiled(example).cpu().numpy()
+        except Exception as error:  # a compiler failure is a result, not the end of the suite
+            row["torch_compile"] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            return expected
         row["systems"]["torch_compile"] = {
             "median_ms": timer(lambda: compiled(example), args.repeat),
             "compile_s": round(time.perf_counter() - start, 1),
@@ -180,21 +184,29 @@ def _host_median_ms(run, repeat: int) -> float:
 
 
 def markdown(rows: list[dict]) -> str:
-    """One line per case: each system's median latency, and dp's speedup over the best peer."""
+    """One line per case: each system's median latency (✗: output off PyTorch's), and dp's speedup over the
+    best peer."""
     systems = list(dict.fromkeys(system for row in rows for system in row["systems"]))
     lines = ["| case | " + " | ".join(systems) + " | dp vs best peer |",
              "|---|" + "---|" * (len(systems) + 1)]
     for row in rows:
-        cells = [f"{row['systems'][system]['median_ms']:.3f}" if system in row["systems"] else "—"
-                 for system in systems]
+        cells = [_cell(row["systems"].get(system)) for system in systems]
         best = row["best_peer"]
         lines.append(f"| {row['case']} | " + " | ".join(cells) +
                      f" | {best['dp_speedup']:.2f}x ({best['system']}) |")
     return "\n".join(lines) + "\n"
 
 
+def _cell(entry: dict | None) -> str:
+    """A latency, marked ✗ where the output did not match PyTorch's."""
+    if entry is None:
+        return "—"
+    return f"{entry['median_ms']:.3f}" + (" ✗" if entry.get("matches") is False else "")
+
+
 def chart(rows: list[dict], path: Path) -> None:
-    """Grouped bars: each system's speedup over the slowest system of the case (higher is better)."""
+    """Grouped bars: each system's speedup over the slowest system of the case (higher is better); hatched
+    where the output did not match PyTorch's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,7 +218,10 @@ def chart(rows: list[dict], path: Path) -> None:
     for index, system in enumerate(systems):
         heights = [max(e["median_ms"] for e in row["systems"].values()) / row["systems"][system]["median_ms"]
                    if system in row["systems"] else 0 for row in rows]
-        axes.bar([case + index * width for case in range(len(rows))], heights, width, label=system)
+        bars = axes.bar([case + index * width for case in range(len(rows))], heights, width, label=system)
+        for bar, row in zip(bars, rows):
+            if row["systems"].get(system, {}).get("matches") is False:
+                bar.set_hatch("xx")  # the output did not match PyTorch's
     axes.set_xticks([case + 0.4 - width / 2 for case in range(len(rows))], [row["case"] for row in rows],
                     rotation=30, ha="right")
     axes.set_ylabel("speedup over the slowest system")
@@ -235,9 +250,8 @@ def main() -> int:
     stem = Path(args.out_dir) / f"bench_{args.name}_{args.date}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".json")
-    earlier = json.loads(path.read_text()) if path.is_file() else {}
-    rows = [row for row in earlier.get("results", []) if not (args.again and row["case"] in args.cases)]
-    commands = [*earlier.get("commands", []), command("experiments.bench")]
+    rows, commands = earlier_results(path, "case", args.cases, args.again)
+    commands.append(command("experiments.bench"))
     for case in args.cases:
         if any(row["case"] == case for row in rows):
             print(f"  {case:22s} measured earlier (in {path}; --again to measure it again)")

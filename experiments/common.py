@@ -1,7 +1,10 @@
-"""What the experiments share: compiled zoo models cached as saved builds, and timing helpers."""
+"""What the experiments share: compiled zoo models cached as saved builds, timing helpers, and result files
+that several calls add to."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import statistics
 import sys
 import time
@@ -35,6 +38,20 @@ def median_ms(model: tvmsched.CompiledModel, repeat: int, runs: int = 3) -> tupl
 
 def command(module: str) -> str:
     return " ".join([f"python -m {module}", *sys.argv[1:]])
+
+
+def earlier_results(path: Path, key: str, measuring: list[str], again: bool) -> tuple[list[dict], list[str]]:
+    """The rows and commands of the result file an earlier call left at `path`, without the rows (by `key`)
+    that this call measures again (`again`) — so a suite can run over several calls under a time limit."""
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    rows = [row for row in earlier.get("results", []) if not (again and row[key] in measuring)]
+    commands = earlier.get("commands", [earlier["command"]] if "command" in earlier else [])
+    return rows, commands
+
+
+def now() -> str:
+    """When a result row was measured."""
+    return datetime.datetime.now().isoformat(timespec="minutes")
 
 
 def event_median_ms(run, repeat: int) -> float:

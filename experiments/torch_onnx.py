@@ -98,11 +98,13 @@ def _operator(node: onnx.NodeProto, arrays: dict[str, np.ndarray]):
         starts, ends = arrays[node.input[1]], arrays[node.input[2]]
         axes = arrays[node.input[3]] if len(node.input) > 3 else range(len(starts))
         steps = arrays[node.input[4]] if len(node.input) > 4 else [1] * len(starts)
+        bounds = [(int(axis), slice(int(start), None if end >= 2**31 - 1 else int(end), int(step)))
+                  for start, end, axis, step in zip(starts, ends, axes, steps)]  # plain ints: traceable
 
         def slice_(x, *_):
             index = [slice(None)] * x.dim()
-            for start, end, axis, step in zip(starts, ends, axes, steps):
-                index[int(axis)] = slice(int(start), None if end >= 2**31 - 1 else int(end), int(step))
+            for axis, bound in bounds:
+                index[axis] = bound
             return x[tuple(index)]
         return slice_
     simple = {"Relu": F.relu, "Add": torch.add, "Mul": torch.mul,

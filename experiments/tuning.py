@@ -3,6 +3,8 @@ CUDA Graph), with dlight defaults and with the shipped tuning log, next to PyTor
 graph (cuDNN, eager and one CUDA Graph, TF32 off) in the same process; prints a table and writes JSON.
 
     python -m experiments.tuning --out experiments/results/tuning_h100.json --models squeezenet googlenet
+
+Rows accumulate in --out: models it already holds are skipped unless --again.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import argparse
 import datetime
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import tvm
 
 import tvmsched
-from experiments.common import command, event_median_ms, median_ms, relative_diff
+from experiments.common import command, earlier_results, event_median_ms, median_ms, now, relative_diff
 from tvmsched import zoo
 from tvmsched.target import device_name, resolve_target
 from tvmsched.tuning import TuningLog
@@ -31,7 +34,7 @@ def measure(name: str, args) -> dict:
     workloads = {kernel.workload for kernel in tuned.graph.kernels}
     entries = TuningLog.for_target(resolve_target(args.target)).manifest()["workloads"]
     tuned_entries = [entries[w] for w in workloads if w in entries]
-    row = {"model": name, "batch": args.batch, "kernels": len(tuned.graph.kernels),
+    row = {"model": name, "batch": args.batch, "measured": now(), "kernels": len(tuned.graph.kernels),
            "unique_kernels": len(workloads), "tuned_kernels": len(tuned.meta.tuned_kernels),
            "trials": sum(entry["trials"] for entry in tuned_entries),
            "tuning_s": round(sum(entry.get("seconds", 0.0) for entry in tuned_entries), 1),
@@ -73,19 +76,23 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--repeat", type=int, default=100)
+    parser.add_argument("--again", action="store_true", help="measure models again that --out holds")
     args = parser.parse_args()
-    rows = []
+    path = Path(args.out)
+    rows, commands = earlier_results(path, "model", args.models, args.again)
+    commands.append(command("experiments.tuning"))
     for name in args.models:
+        if any(row["model"] == name for row in rows):
+            print(f"  {name:13s} measured earlier (in {path}; --again to measure it again)")
+            continue
         rows.append(measure(name, args))
-        with open(args.out, "w") as file:  # after every model, so a cut-off run keeps what it measured
-            json.dump(result(rows, args), file, indent=1)
+        path.write_text(json.dumps(result(rows, commands, args), indent=1))  # after every model
     return 0
 
 
-def result(rows: list[dict], args) -> dict:
+def result(rows: list[dict], commands: list[str], args) -> dict:
     return {"experiment": "tuning", "device": device_name(resolve_target(args.target)),
-            "date": datetime.date.today().isoformat(), "tvm": tvm.__version__,
-            "command": command("experiments.tuning"),
+            "date": datetime.date.today().isoformat(), "tvm": tvm.__version__, "commands": commands,
             "plan": "sequential schedule, one stream, one CUDA Graph (tvmsched); PyTorch runs the same ONNX "
                     "graph with torch.nn.functional (cuDNN), TF32 off, cudnn.benchmark on",
             "timing": "CUDA events around each inference, median of `repeat` (tvmsched: median of 3 runs)",
