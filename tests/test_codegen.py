@@ -8,7 +8,7 @@ from tvm import te, topi
 from tvm.script import tirx as T
 
 from tvmsched import frontend
-from tvmsched.codegen import default_schedules, hoist_workspace
+from tvmsched.codegen import _check_no_pooled_workspace, default_schedules, hoist_workspace
 from tvmsched.errors import GraphError
 from tvmsched.lower import kernel_module, lower
 from tvmsched.target import resolve_target
@@ -47,21 +47,35 @@ def test_scratch_buffers_become_trailing_parameters_with_the_same_results():
 
 
 @T.prim_func(s_tir=True)
-def _row_scratch(a: T.Buffer((4, 8), "float32"), b: T.Buffer((4, 8), "float32")):
+def _row_scratch(a: T.Buffer((4, 1024), "float32"), b: T.Buffer((4, 1024), "float32")):
     for i in range(4):
         with T.sblock("row"):
             vi = T.axis.spatial(4, i)
-            row = T.sblock_alloc_buffer((8,))
-            for j in range(8):
+            row = T.sblock_alloc_buffer((1024,))  # 4 KiB: from the workspace pool, not the stack
+            for j in range(1024):
                 with T.sblock("scale"):
-                    vj = T.axis.spatial(8, j)
+                    vj = T.axis.spatial(1024, j)
                     row[vj] = a[vi, vj] * T.float32(2)
-            for j in range(8):
+            for j in range(1024):
                 with T.sblock("shift"):
-                    vj = T.axis.spatial(8, j)
+                    vj = T.axis.spatial(1024, j)
                     b[vi, vj] = row[vj] + T.float32(1)
 
 
-def test_scratch_outside_the_root_block_is_refused_by_name():
-    with pytest.raises(GraphError, match=r"\['row_scratch'\] allocate scratch memory outside their root"):
-        hoist_workspace(tvm.IRModule({"row_scratch": _row_scratch}))
+def test_kernels_still_taking_the_workspace_pool_are_found_by_name():
+    """Scratch in a nested block is not hoisted; the check of the compiled host code names its kernel
+    (builds run it for CUDA, where streams would share the pool; the host code here is the CPU's)."""
+    kernels, workspace = hoist_workspace(tvm.IRModule({"row_scratch": _row_scratch.with_attr(
+        "global_symbol", "row_scratch")}))
+    assert workspace == {}
+    with pytest.raises(GraphError, match=r"kernels \['row_scratch'\] take scratch memory from TVM's shared"):
+        _check_no_pooled_workspace(tvm.compile(kernels, target="llvm"), ["row_scratch"])
+
+
+def test_hoisting_takes_a_kernel_off_the_workspace_pool():
+    data = te.placeholder((1, 8, 16, 16), name="data")
+    pool = topi.nn.pool2d(data, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "avg", count_include_pad=False)
+    kernels = tvm.IRModule({"pool": te.create_prim_func([data, pool]).with_attr("global_symbol", "pool")})
+    with pytest.raises(GraphError, match="pool"):
+        _check_no_pooled_workspace(tvm.compile(kernels, target="llvm"), ["pool"])
+    _check_no_pooled_workspace(tvm.compile(hoist_workspace(kernels)[0], target="llvm"), ["pool"])

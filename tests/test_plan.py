@@ -62,6 +62,19 @@ def test_random_plans_are_race_free(seed):
     assert_race_free(graph, plan)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_random_plans_with_workspace_tensors_are_race_free(seed):
+    """Workspace tensors (scratch only their kernel uses) take buffers like outputs that nothing reads."""
+    graph = random_graph(num_kernels=12 + seed % 9, seed=seed)
+    graph = graph.with_workspace({kernel.symbol: (((8 + kernel.id,), "float32"),) * (1 + kernel.id % 2)
+                                  for kernel in graph.kernels if kernel.id % 3 == 0})
+    assert sum(len(kernel.workspace) for kernel in graph.kernels) > 0
+    plan = make_plan(graph, random_order(graph, num_streams=1 + seed % 4, seed=seed + 2000), "random")
+    assert_race_free(graph, plan)
+    assert {tensor.name for kernel in graph.kernels for tensor in kernel.workspace} <= set(
+        plan.memory.tensor_buffers)
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_every_wait_is_needed(seed):
     graph = random_graph(num_kernels=20, seed=seed)

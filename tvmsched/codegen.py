@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax, s_tir
 from tvm.s_tir import dlight
-from tvm.s_tir.analysis import calculate_allocated_bytes
 
 from tvmsched.errors import GraphError
 from tvmsched.target import TargetSpec
@@ -74,25 +73,32 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
     if database is not None:
         kernels, tuned = tuned_schedules(kernels, spec, database, keep_default)
     kernels, workspace = hoist_workspace(default_schedules(kernels, spec))
-    return Library(tvm.compile(kernels, target=spec.tvm_target), tuned, workspace)
+    executable = tvm.compile(kernels, target=spec.tvm_target)
+    if spec.kind == "cuda":
+        _check_no_pooled_workspace(executable, [global_var.name_hint for global_var in kernels.functions])
+    return Library(executable, tuned, workspace)
 
 
 def hoist_workspace(kernels: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, Workspace]]:
-    """The scheduled kernels with each scratch buffer in global memory taken from the root block's
+    """The scheduled kernels with each compact scratch buffer in global memory taken from the root block's
     allocations to a trailing parameter, and {symbol: its buffers} for the kernels that had any."""
     functions, workspace = {}, {}
     for global_var, function in kernels.functions.items():
         root = function.body.block if isinstance(function.body, s_tir.SBlockRealize) else None
-        scratch = [buffer for buffer in root.alloc_buffers if buffer.scope() == "global"] if root else []
+        scratch = [buffer for buffer in root.alloc_buffers if _hoistable(buffer)] if root else []
         if scratch:
             functions[global_var] = _with_parameters(function, scratch)
             symbol = global_var.name_hint
             workspace[symbol] = tuple((_static_shape(buffer, symbol), buffer.dtype) for buffer in scratch)
         else:
             functions[global_var] = function
-    hoisted = tvm.IRModule(functions, attrs=kernels.attrs)
-    _check_no_global_scratch(hoisted)
-    return hoisted, workspace
+    return tvm.IRModule(functions, attrs=kernels.attrs), workspace
+
+
+def _hoistable(buffer) -> bool:
+    """A buffer in global memory that a compact tensor of its shape can stand for (what executors pass)."""
+    return (buffer.scope() == "global" and not buffer.strides
+            and isinstance(buffer.elem_offset, tvm.tirx.IntImm) and int(buffer.elem_offset) == 0)
 
 
 def _with_parameters(function: tvm.tirx.PrimFunc, scratch: list) -> tvm.tirx.PrimFunc:
@@ -113,15 +119,25 @@ def _static_shape(buffer, symbol: str) -> tuple[int, ...]:
     return tuple(int(dim) for dim in buffer.shape)
 
 
-def _check_no_global_scratch(kernels: tvm.IRModule) -> None:
-    """Raise GraphError if a kernel still allocates global memory (a scratch buffer outside the root block,
-    which `hoist_workspace` cannot give a buffer of its own)."""
-    passes = s_tir.transform
-    opaque = tvm.transform.Sequential([passes.LowerInitBlock(), passes.ConvertBlocksToOpaque(),
-                                       passes.LowerOpaqueBlock()])(kernels)
-    left = sorted(symbol for symbol, scopes in calculate_allocated_bytes(opaque).items()
-                  if scopes.get("global"))
-    if left:
-        raise GraphError(f"kernels {left} allocate scratch memory outside their root block, which tvmsched "
-                         f"cannot give buffers of their own (streams would share it); build without the "
-                         f"tuning records of these kernels (--untuned, or another --log)")
+def _check_no_pooled_workspace(executable, symbols: list[str]) -> None:
+    """Raise GraphError naming the kernels whose compiled host code still takes memory from TVM's workspace
+    pool: scratch `hoist_workspace` could not hoist (in a nested block, strided, or a local or shared
+    buffer that two thread-bound loop nests use), which kernels on parallel streams would share."""
+    pooled = set()
+    for module in _modules(executable.mod):
+        if module.kind == "llvm":
+            for function in module.inspect_source("ll").split("\ndefine ")[1:]:
+                if "TVMBackendAllocWorkspace" in function:
+                    at = function.index("@")
+                    name = function[at + 1:function.index("(", at)]  # e.g. __tvm_ffi_SYMBOL
+                    pooled.add(max((symbol for symbol in symbols if symbol in name), key=len, default=name))
+    if pooled:
+        raise GraphError(f"kernels {sorted(pooled)} take scratch memory from TVM's shared workspace pool, "
+                         f"which kernels on parallel streams would share; if they are tuned, build without "
+                         f"their records (--untuned, or another --log)")
+
+
+def _modules(module):
+    yield module
+    for imported in module.imports:
+        yield from _modules(imported)
