@@ -166,6 +166,7 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                         help="ignore the tuning log: every kernel gets its default schedule")
     from tvmsched.executor import EXECUTORS
     from tvmsched.schedule import SCHEDULERS
+    from tvmsched.schedule.base import STREAM_MAPPINGS
 
     parser.add_argument("--schedule", default="sequential", choices=sorted(SCHEDULERS),
                         help="inter-operator schedule: which stream runs each kernel, in which order "
@@ -181,6 +182,10 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-states", type=int, default=1024,
                         help="dp: split a block whose search has more sets of kernels than this (default "
                              "1024; larger searches longer for schedules that are rarely better)")
+    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default="index",
+                        help="greedy and dp: the stream of each group of a stage; index: group i on stream "
+                             "i (default); affinity: a stream whose last kernel the group reads, else the "
+                             "one idle longest, so fewer groups queue behind unrelated ones")
     parser.add_argument("--executor", choices=sorted(EXECUTORS), default=None,
                         help="cuda-graph (default on GPU): the plan captured into one CUDA Graph; streams: "
                              "the same launches live, for debugging; sequential (default on CPU): one "
@@ -220,10 +225,10 @@ def _compiled(args):
                           f"{stats['stages_evaluated']} stages evaluated, "
                           f"{stats['stages_measured']} measured")
 
-        options = {}
+        options = {"stream_mapping": args.stream_mapping} if args.schedule in ("greedy", "dp") else {}
         if args.schedule == "dp":
-            options = {"max_group_size": args.max_group_size, "max_groups": args.max_groups,
-                       "max_states": args.max_states, "search_progress": search_progress}
+            options |= {"max_group_size": args.max_group_size, "max_groups": args.max_groups,
+                        "max_states": args.max_states, "search_progress": search_progress}
         model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
                                  schedule=args.schedule, max_streams=args.streams, executor=args.executor,
                                  cost=args.cost, tuning_log=args.log, tuned=not args.untuned, **options,

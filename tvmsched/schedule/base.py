@@ -37,15 +37,59 @@ class Schedule:
     stats: dict = field(default_factory=dict)
 
     @classmethod
-    def from_stages(cls, stages: list[Stage], stats: dict | None = None) -> Schedule:
-        """Stage by stage, group i of each stage on stream i."""
-        order = tuple((kernel, stream) for stage in stages
-                      for stream, group in enumerate(stage.groups) for kernel in group)
+    def from_stages(cls, stages: list[Stage], stats: dict | None = None, graph: KernelGraph | None = None,
+                    mapping: str = "index") -> Schedule:
+        """Stage by stage, each group on one stream: group i of each stage on stream i ("index"), or on the
+        stream `affinity_streams` picks ("affinity", needs `graph`)."""
+        streams = (affinity_streams(stages, graph) if mapping == "affinity"
+                   else [range(len(stage.groups)) for stage in stages])
+        order = tuple((kernel, stream) for stage, numbers in zip(stages, streams)
+                      for stream, group in zip(numbers, stage.groups) for kernel in group)
         return cls(order, tuple(stages), dict(stats or {}))
 
     def to_json(self) -> dict:
         stages = [[list(group) for group in stage.groups] for stage in self.stages] if self.stages else None
         return {"stages": stages, **self.stats}
+
+
+STREAM_MAPPINGS = ("index", "affinity")
+
+
+def check_stream_mapping(mapping: str) -> str:
+    if mapping not in STREAM_MAPPINGS:
+        raise SchedulerError(f"unknown stream mapping '{mapping}'; available: {', '.join(STREAM_MAPPINGS)}")
+    return mapping
+
+
+def affinity_streams(stages: list[Stage], graph: KernelGraph) -> list[list[int]]:
+    """The stream of each group of each stage: a stream whose last kernel the group reads (the latest
+    such), so that stream order keeps the dependency, else the free stream idle longest. Either way a
+    group waits on its stream only for kernels it depends on where possible; with group i on stream i, a
+    group often queues behind an unrelated one. A stage's groups never share a stream, and no more streams
+    are used than the widest stage has groups."""
+    tails: list[int] = []  # the last kernel issued on each stream
+    issued: list[int] = []  # when it was issued (stage position)
+    streams = []
+    for position, stage in enumerate(stages):
+        taken: set[int] = set()
+        numbers = []
+        for group in stage.groups:
+            producers = set().union(*(graph.dependencies(kernel) for kernel in group))
+            free = [stream for stream in range(len(tails)) if stream not in taken]
+            feeding = [stream for stream in free if tails[stream] in producers]
+            if feeding:
+                stream = max(feeding, key=issued.__getitem__)
+            elif free:
+                stream = min(free, key=issued.__getitem__)
+            else:
+                stream = len(tails)
+                tails.append(-1)
+                issued.append(-1)
+            taken.add(stream)
+            numbers.append(stream)
+            tails[stream], issued[stream] = group[-1], position
+        streams.append(numbers)
+    return streams
 
 
 def register_scheduler(name: str):

@@ -21,16 +21,24 @@ from collections.abc import Callable
 from tvmsched.cost import CostModel
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.graph import KernelGraph
-from tvmsched.schedule.base import Schedule, Scheduler, SchedulerError, Stage, register_scheduler
+from tvmsched.schedule.base import (
+    Schedule,
+    Scheduler,
+    SchedulerError,
+    Stage,
+    check_stream_mapping,
+    register_scheduler,
+)
 from tvmsched.schedule.greedy import GreedyScheduler
 
 
 @register_scheduler("dp")
 class DynamicProgrammingScheduler(Scheduler):
     def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
-                 max_states: int = 1024, measure_top: int = 3,
+                 max_states: int = 1024, measure_top: int = 3, stream_mapping: str = "index",
                  search_progress: Callable[[dict], None] | None = None):
         super().__init__(max_streams)
+        self.stream_mapping = check_stream_mapping(stream_mapping)
         if max_group_size < 1 or max_groups < 1 or measure_top < 1:
             raise SchedulerError("max_group_size, max_groups and measure_top must be at least 1")
         self.max_group_size = max_group_size
@@ -53,7 +61,7 @@ class DynamicProgrammingScheduler(Scheduler):
                 self.report()
         self.stats["stages_measured"] = cost.measured
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
-        return Schedule.from_stages(stages, dict(self.stats))
+        return Schedule.from_stages(stages, dict(self.stats), graph, self.stream_mapping)
 
     def parts(self, graph: KernelGraph, block: list[int]) -> list[list[int]]:
         """`block` split until no part has more than max_states sets to search."""

@@ -3,14 +3,19 @@
 
 from tvmsched.cost import CostModel
 from tvmsched.graph import KernelGraph
-from tvmsched.schedule.base import Schedule, Scheduler, Stage, register_scheduler
+from tvmsched.schedule.base import Schedule, Scheduler, Stage, check_stream_mapping, register_scheduler
 
 
 @register_scheduler("greedy")
 class GreedyScheduler(Scheduler):
+    def __init__(self, max_streams: int = 8, stream_mapping: str = "index"):
+        super().__init__(max_streams)
+        self.stream_mapping = check_stream_mapping(stream_mapping)
+
     def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
         stages = self.stages(graph, [kernel.id for kernel in graph.kernels])
-        return Schedule.from_stages(stages, {"modeled_ms": sum(cost.stage_latency(s.groups) for s in stages)})
+        return Schedule.from_stages(stages, {"modeled_ms": sum(cost.stage_latency(s.groups) for s in stages)},
+                                    graph, self.stream_mapping)
 
     def stages(self, graph: KernelGraph, kernels: list[int]) -> list[Stage]:
         """Greedy stages of `kernels` (a set closed under producers, given the kernels before it ran)."""

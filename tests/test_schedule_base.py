@@ -1,0 +1,52 @@
+"""Stage schedules onto streams: group i on stream i, or by affinity (a group continues the stream of a
+kernel it reads); both give valid race-free plans."""
+
+import pytest
+from synthetic import random_graph
+from test_plan import assert_race_free
+from test_schedule_baselines import hand_graph
+
+from tvmsched.cost.analytic import AnalyticCost
+from tvmsched.plan import make_plan
+from tvmsched.schedule import create_scheduler
+from tvmsched.schedule.base import Schedule, SchedulerError, Stage
+
+
+def streams_of(schedule: Schedule) -> dict[int, int]:
+    return dict(schedule.order)
+
+
+def test_affinity_keeps_each_chain_on_its_stream_where_index_crosses_them():
+    graph = hand_graph([(), (), (1,), (0,)])  # chains 0 -> 3 and 1 -> 2
+    stages = [Stage(((0,), (1,))), Stage(((2,), (3,)))]  # the second stage lists the chains the other way
+    index = streams_of(Schedule.from_stages(stages))
+    affinity = streams_of(Schedule.from_stages(stages, graph=graph, mapping="affinity"))
+    assert index[2] == index[0] and index[3] == index[1]  # each consumer queued behind the other chain
+    assert affinity[2] == affinity[1] and affinity[3] == affinity[0]
+    assert len(make_plan(graph, list(Schedule.from_stages(stages, graph=graph, mapping="affinity").order),
+                         "affinity").launches[2].waits) == 0  # stream order keeps the dependency
+
+
+def test_affinity_reuses_the_stream_idle_longest_for_a_group_without_producers_there():
+    graph = hand_graph([(), (), (0,), (), (2,)])
+    stages = [Stage(((0,), (1,))), Stage(((2,),)), Stage(((3,), (4,)))]
+    streams = streams_of(Schedule.from_stages(stages, graph=graph, mapping="affinity"))
+    assert streams[2] == streams[0] and streams[4] == streams[2]  # the chain 0 -> 2 -> 4
+    assert streams[3] == streams[1]  # idle since the first stage
+    assert len(set(streams.values())) == 2
+
+
+@pytest.mark.parametrize("name", ["greedy", "dp"])
+@pytest.mark.parametrize("seed", range(6))
+def test_affinity_plans_are_race_free_and_use_no_more_streams(name, seed):
+    graph = random_graph(num_kernels=24, seed=seed)
+    plans = {mapping: make_plan(graph, list(create_scheduler(name, max_streams=4, stream_mapping=mapping)
+                                             .schedule(graph, AnalyticCost(graph)).order), name)
+             for mapping in ("index", "affinity")}
+    assert_race_free(graph, plans["affinity"])
+    assert plans["affinity"].num_streams <= plans["index"].num_streams
+
+
+def test_unknown_stream_mapping_names_the_choices():
+    with pytest.raises(SchedulerError, match="unknown stream mapping 'nearest'; available: index, affinity"):
+        create_scheduler("dp", stream_mapping="nearest")
