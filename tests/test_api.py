@@ -58,6 +58,7 @@ def test_save_and_load_round_trip(branchy_model, tmp_path):
     loaded = tvmsched.load(tmp_path / "build")
     assert loaded.graph == model.graph
     assert loaded.plan == model.plan
+    assert loaded.meta == model.meta and len(model.meta.kernels_hash) == 16
     np.testing.assert_array_equal(loaded(x), model(x))
     model.save(tmp_path / "build")  # over the files `loaded` uses: replaced, never rewritten in place
     np.testing.assert_array_equal(loaded(x), model(x))

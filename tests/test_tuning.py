@@ -81,6 +81,8 @@ def test_build_applies_the_log_and_matches_onnxruntime(tuned_log, branchy_model)
     assert model.meta.tuned_kernels and model.meta.tuning_log == str(log.directory)
     untuned = tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=log.directory, tuned=False)
     assert untuned.meta.tuned_kernels == ()
+    # measured stage latencies are cached by this hash: tuned and default kernels must not share them
+    assert model.meta.kernels_hash != untuned.meta.kernels_hash
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
     assert_matches([model(x)], onnxruntime_outputs(branchy_model, {"input": x}))
 

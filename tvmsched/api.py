@@ -54,12 +54,13 @@ class ModelMeta:
     tvm_version: str
     tuned_kernels: tuple[str, ...] = ()  # symbols scheduled from the tuning log; the rest use defaults
     tuning_log: str | None = None
+    kernels_hash: str = ""  # of the scheduled kernels, so stage latencies measured for them stay theirs
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
                 "outputs": [spec.to_json() for spec in self.outputs], "target": self.target.to_json(),
                 "tvm_version": self.tvm_version, "tuned_kernels": list(self.tuned_kernels),
-                "tuning_log": self.tuning_log}
+                "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -68,7 +69,7 @@ class ModelMeta:
         return cls(tuple(TensorSpec.from_json(spec) for spec in data["inputs"]),
                    tuple(TensorSpec.from_json(spec) for spec in data["outputs"]),
                    TargetSpec.from_json(data["target"]), data["tvm_version"],
-                   tuple(data.get("tuned_kernels", ())), data.get("tuning_log"))
+                   tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""))
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -114,7 +115,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))
     meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
-                     str(log.directory) if database else None)
+                     str(log.directory) if database else None, built.kernels_hash)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
@@ -174,7 +175,8 @@ class CompiledModel:
                               "(--cost analytic)")
         timer = StageTimer(self.library, self.graph, self.plan, self.constants, device_for(self.meta.target),
                            max_groups=max_streams)
-        key = f"{self.graph.hash}/{self.plan.context['target']}/batch{self.plan.context['batch']}"
+        key = (f"{self.graph.hash}/{self.plan.context['target']}/batch{self.plan.context['batch']}"
+               f"/kernels{self.meta.kernels_hash}")  # tuned and default kernels time differently
         return MeasuredCost(self.graph, timer, key)
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir
 from tvm.s_tir import dlight
 
@@ -58,11 +59,13 @@ Workspace = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each sc
 @dataclass(frozen=True)
 class Library:
     """The compiled kernels, callable by symbol (`executable[symbol](*inputs, *outputs, *workspace)`), the
-    symbols whose schedules came from the tuning database, and the workspace of each symbol that has one."""
+    symbols whose schedules came from the tuning database, the workspace of each symbol that has one, and
+    a content hash of the scheduled kernels."""
 
     executable: tvm.runtime.Executable
     tuned: list[str]
     workspace: dict[str, Workspace]
+    kernels_hash: str  # of the scheduled kernels: measured latencies hold for this build only
 
 
 def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
@@ -76,7 +79,7 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
     executable = tvm.compile(kernels, target=spec.tvm_target)
     if spec.kind == "cuda":
         _check_no_pooled_workspace(executable, [global_var.name_hint for global_var in kernels.functions])
-    return Library(executable, tuned, workspace)
+    return Library(executable, tuned, workspace, f"{tvm_ffi.structural_hash(kernels) & (2**64 - 1):016x}")
 
 
 def hoist_workspace(kernels: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, Workspace]]:
