@@ -250,12 +250,9 @@ def main() -> int:
     stem = Path(args.out_dir) / f"bench_{args.name}_{args.date}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".json")
-    rows, commands = earlier_results(path, "case", args.cases, args.again)
+    rows, commands, cases = earlier_results(path, "case", args.cases, args.again)
     commands.append(command("experiments.bench"))
-    for case in args.cases:
-        if any(row["case"] == case for row in rows):
-            print(f"  {case:22s} measured earlier (in {path}; --again to measure it again)")
-            continue
+    for case in cases:
         rows.append(measure(case, args))
         report = {"experiment": "bench", "device": device_name(resolve_target(args.target)),
                   "date": args.date, "tvm": tvm.__version__, "commands": commands,

@@ -40,13 +40,19 @@ def command(module: str) -> str:
     return " ".join([f"python -m {module}", *sys.argv[1:]])
 
 
-def earlier_results(path: Path, key: str, measuring: list[str], again: bool) -> tuple[list[dict], list[str]]:
-    """The rows and commands of the result file an earlier call left at `path`, without the rows (by `key`)
-    that this call measures again (`again`) — so a suite can run over several calls under a time limit."""
+def earlier_results(path: Path, key: str, measuring: list[str], again: bool
+                    ) -> tuple[list[dict], list[str], list[str]]:
+    """The rows and commands of the result file an earlier call left at `path`, and the items of
+    `measuring` still to measure: those it holds (rows by `key`) are kept and skipped unless `again` — so a
+    suite can run over several calls under a time limit."""
     earlier = json.loads(path.read_text()) if path.is_file() else {}
     rows = [row for row in earlier.get("results", []) if not (again and row[key] in measuring)]
     commands = earlier.get("commands", [earlier["command"]] if "command" in earlier else [])
-    return rows, commands
+    held = {row[key] for row in rows}
+    for item in measuring:
+        if item in held:
+            print(f"  {item:22s} measured earlier (in {path}; --again to measure it again)")
+    return rows, commands, [item for item in measuring if item not in held]
 
 
 def now() -> str:

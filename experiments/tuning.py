@@ -79,12 +79,9 @@ def main() -> int:
     parser.add_argument("--again", action="store_true", help="measure models again that --out holds")
     args = parser.parse_args()
     path = Path(args.out)
-    rows, commands = earlier_results(path, "model", args.models, args.again)
+    rows, commands, names = earlier_results(path, "model", args.models, args.again)
     commands.append(command("experiments.tuning"))
-    for name in args.models:
-        if any(row["model"] == name for row in rows):
-            print(f"  {name:13s} measured earlier (in {path}; --again to measure it again)")
-            continue
+    for name in names:
         rows.append(measure(name, args))
         path.write_text(json.dumps(result(rows, commands, args), indent=1))  # after every model
     return 0

@@ -30,7 +30,7 @@ class MemoryPlan:
     def validate(self, graph: KernelGraph, order) -> None:
         """Raise GraphError if two tensors in one buffer may be live at once (`order` is HappensBefore)."""
         tenants: dict[int, list[TensorRef]] = defaultdict(list)
-        for tensor in _kernel_outputs(graph):
+        for tensor in _written(graph):
             buffer = self.tensor_buffers.get(tensor.name)
             if buffer is None or not 0 <= buffer < len(self.buffer_sizes):
                 raise GraphError(f"buffer plan gives tensor '{tensor.name}' no buffer")
@@ -99,5 +99,5 @@ def _readers(graph: KernelGraph) -> dict[str, set[int]]:
     return readers
 
 
-def _kernel_outputs(graph: KernelGraph) -> list[TensorRef]:
+def _written(graph: KernelGraph) -> list[TensorRef]:
     return [tensor for kernel in graph.kernels for tensor in kernel.written]
