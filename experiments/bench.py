@@ -36,10 +36,12 @@ from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
 from tvmsched.graph import extract
 from tvmsched.lower import kernel_module, lower
+from tvmsched.schedule.base import STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
 from tvmsched.tuning import TuningLog
 
 SCHEDULES = ("sequential", "greedy", "opara", "nimble", "dp")
+MAPPED = ("greedy", "dp")  # the schedules that take --stream-mapping
 TORCHVISION = {"inception_v3": ("inception_v3", {"aux_logits": False, "init_weights": False}, 299),
                "googlenet": ("googlenet", {"aux_logits": False, "init_weights": False}, 224),
                "squeezenet": ("squeezenet1_0", {}, 224), "resnet50": ("resnet50", {}, 224)}
@@ -60,9 +62,11 @@ def measure(case: str, args) -> dict:
         reference = model.reschedule("sequential", executor="sequential")(x)
     row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass
     row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args)}
+    row["stream_mapping"] = args.stream_mapping
     for schedule in SCHEDULES:
         start = time.perf_counter()
-        scheduled = model.reschedule(schedule, max_streams=args.streams)
+        options = {"stream_mapping": args.stream_mapping} if schedule in MAPPED else {}
+        scheduled = model.reschedule(schedule, max_streams=args.streams, **options)
         search_s = time.perf_counter() - start
         diff = relative_diff(scheduled(x), reference)
         row["systems"][f"tvmsched_{schedule}"] = {
@@ -237,6 +241,8 @@ def main() -> int:
     parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="MODEL:BATCH or tv:MODEL:BATCH")
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default="affinity",
+                        help="streams of greedy's and dp's groups (docs/schedulers.md)")
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=1e-4,
                         help="largest relative difference from PyTorch's output that counts as a match")

@@ -1,5 +1,5 @@
 """Stage schedules onto streams: group i on stream i, or by affinity (a group continues the stream of a
-kernel it reads); both give valid race-free plans."""
+kernel it reads, and a lone stage stays after the stage before); both give valid race-free plans."""
 
 import pytest
 from synthetic import random_graph
@@ -34,6 +34,20 @@ def test_affinity_reuses_the_stream_idle_longest_for_a_group_without_producers_t
     assert streams[2] == streams[0] and streams[4] == streams[2]  # the chain 0 -> 2 -> 4
     assert streams[3] == streams[1]  # idle since the first stage
     assert len(set(streams.values())) == 2
+
+
+def test_affinity_keeps_a_lone_stage_after_the_stage_before_it_does_not_read():
+    # squeezenet's fire modules: 1 -> (2, 3) -> 4 run in parallel, 4 -> (5, 6) -> 7 one after the other
+    graph = hand_graph([(), (0,), (1,), (1,), (2, 3), (4,), (4,), (5, 6)])
+    stages = [Stage(((0,),)), Stage(((1,),)), Stage(((2,), (3,))), Stage(((4,),)), Stage(((5,),)),
+              Stage(((6,),)), Stage(((7,),))]
+    schedule = Schedule.from_stages(stages, graph=graph, mapping="affinity")
+    streams = streams_of(schedule)
+    assert streams[2] != streams[3]
+    assert streams[6] == streams[5]  # not on the idle stream of 3, where it would run beside 5
+    assert streams_of(Schedule.from_stages(stages)) == streams  # the same plan as index here
+    launches = make_plan(graph, list(schedule.order), "affinity").launches
+    assert [launch.kernel for launch in launches if launch.stream == streams[5]][-3:] == [5, 6, 7]
 
 
 @pytest.mark.parametrize("name", ["greedy", "dp"])

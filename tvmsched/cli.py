@@ -182,10 +182,10 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-states", type=int, default=1024,
                         help="dp: split a block whose search has more sets of kernels than this (default "
                              "1024; larger searches longer for schedules that are rarely better)")
-    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default="index",
-                        help="greedy and dp: the stream of each group of a stage; index: group i on stream "
-                             "i (default); affinity: a stream whose last kernel the group reads, else the "
-                             "one idle longest, so fewer groups queue behind unrelated ones")
+    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default="affinity",
+                        help="greedy and dp: the stream of each group of a stage; affinity (default): a "
+                             "stream whose last kernel the group reads, else the one idle longest, so fewer "
+                             "groups queue behind unrelated ones; index: group i on stream i")
     parser.add_argument("--executor", choices=sorted(EXECUTORS), default=None,
                         help="cuda-graph (default on GPU): the plan captured into one CUDA Graph; streams: "
                              "the same launches live, for debugging; sequential (default on CPU): one "

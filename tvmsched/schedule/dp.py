@@ -35,7 +35,7 @@ from tvmsched.schedule.greedy import GreedyScheduler
 @register_scheduler("dp")
 class DynamicProgrammingScheduler(Scheduler):
     def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
-                 max_states: int = 1024, measure_top: int = 3, stream_mapping: str = "index",
+                 max_states: int = 1024, measure_top: int = 3, stream_mapping: str = "affinity",
                  search_progress: Callable[[dict], None] | None = None):
         super().__init__(max_streams)
         self.stream_mapping = check_stream_mapping(stream_mapping)

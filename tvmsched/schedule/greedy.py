@@ -8,7 +8,7 @@ from tvmsched.schedule.base import Schedule, Scheduler, Stage, check_stream_mapp
 
 @register_scheduler("greedy")
 class GreedyScheduler(Scheduler):
-    def __init__(self, max_streams: int = 8, stream_mapping: str = "index"):
+    def __init__(self, max_streams: int = 8, stream_mapping: str = "affinity"):
         super().__init__(max_streams)
         self.stream_mapping = check_stream_mapping(stream_mapping)
 
