@@ -11,11 +11,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import tvm
 from conftest import assert_matches, onnxruntime_outputs
 
 import tvmsched
 from tvmsched import frontend
-from tvmsched.errors import TuningLogError
+from tvmsched.errors import TargetError, TuningLogError
 from tvmsched.lower import lower
 from tvmsched.target import resolve_target
 from tvmsched.tuning import TuneOptions, TuningLog, tune
@@ -232,6 +233,14 @@ def test_foreign_corrupt_and_busy_logs_are_refused(tuned_log, tmp_path, branchy_
         tvmsched.compile(branchy_model, target="llvm", batch=1, tuning_log=tmp_path)
     with log.locked(), pytest.raises(TuningLogError, match="another `tvmsched tune` is writing"):
         tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=5, **FAST))
+
+
+@pytest.mark.skipif(tvm.cuda(0).exist, reason="needs a machine without a CUDA device")
+def test_tuning_for_a_gpu_without_one_is_refused_before_anything_runs(tmp_path, branchy_model):
+    log = TuningLog.for_target(resolve_target("cuda"), tmp_path)
+    with pytest.raises(TargetError, match="no CUDA device is present here; .*--rpc HOST:PORT:KEY"):
+        tune(lowered(branchy_model), resolve_target("cuda"), log, TuneOptions(trials=1))
+    assert not any(tmp_path.iterdir())
 
 
 def test_tune_measures_through_an_rpc_tracker(tmp_path, branchy_model):

@@ -26,7 +26,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from tvmsched.codegen import anonymous
 from tvmsched.cost.analytic import kernel_alone
-from tvmsched.errors import TvmschedError
+from tvmsched.errors import TargetError, TvmschedError
 from tvmsched.lower import LoweredModule
 from tvmsched.target import TargetSpec, target_device_name
 from tvmsched.tuning.builder import PooledBuilder
@@ -148,6 +148,10 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
     First the default schedule of every kernel not measured before is measured (kept in the manifest);
     then kernels are tuned the slowest in total first over all models (weight × default latency), so a
     time budget goes where it matters. `progress` is called after every measured batch."""
+    if spec.kind == "cuda" and not options.rpc and not tvm.cuda(0).exist:
+        raise TargetError(f"tuning for {spec.key} measures every candidate on its GPU, and no CUDA device is "
+                          f"present here; run `tvmsched tune` on the machine with the GPU, or measure there "
+                          f"through a TVM RPC tracker (--rpc HOST:PORT:KEY)")
     modules = [lowered] if isinstance(lowered, LoweredModule) else list(lowered)
     with log.locked():
         manifest = log.manifest()
