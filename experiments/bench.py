@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import json
 import statistics
 import sys
@@ -32,6 +31,7 @@ from tvm import relax
 
 import tvmsched
 from experiments.common import command, earlier_results, event_median_ms, median_ms, now, relative_diff
+from experiments.torchvision_models import TORCHVISION, network
 from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
 from tvmsched.graph import extract
@@ -42,26 +42,27 @@ from tvmsched.tuning import TuningLog
 
 SCHEDULES = ("sequential", "greedy", "opara", "nimble", "dp")
 MAPPED = ("greedy", "dp")  # the schedules that take --stream-mapping
-TORCHVISION = {"inception_v3": ("inception_v3", {"aux_logits": False, "init_weights": False}, 299),
-               "googlenet": ("googlenet", {"aux_logits": False, "init_weights": False}, 224),
-               "squeezenet": ("squeezenet1_0", {}, 224), "resnet50": ("resnet50", {}, 224)}
 DEFAULT_CASES = [f"{name}:{batch}" for batch in (1, 16) for name in zoo.list_models()] + \
                 [f"tv:{name}:{batch}" for batch in (1, 16) for name in TORCHVISION]
 
 
 def measure(case: str, args) -> dict:
     source, name, batch = _parse(case)
-    proto, module = (_torchvision(name, batch) if source == "tv" else (zoo.build(name, batch=batch), None))
+    proto, module = (network(name, batch) if source == "tv" else (zoo.build(name, batch=batch), None))
     x = np.random.default_rng(0).standard_normal(_input_shape(proto)).astype("float32")
     row = {"case": case, "model": name, "source": source, "batch": batch,
-           "measured": now(), "systems": {}}
+           "measured": now(), "systems": {}, "seconds": {}}
+    clock = _Laps(row["seconds"])  # where the case's device time goes
     reference = _pytorch(row, proto, module, x, args)
+    clock.lap("pytorch")
     model = tvmsched.compile(proto, target=args.target)
+    clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     if reference is None:  # no PyTorch: check against tvmsched's own sequential kernels
         reference = model.reschedule("sequential", executor="sequential")(x)
     row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass
     row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args)}
+    clock.lap("relax_vm")
     row["stream_mapping"] = args.stream_mapping
     for schedule in SCHEDULES:
         start = time.perf_counter()
@@ -73,6 +74,7 @@ def measure(case: str, args) -> dict:
             "median_ms": median_ms(scheduled, args.repeat)[0], "search_s": round(search_s, 2),
             "streams": scheduled.plan.num_streams, "max_rel_diff_vs_reference": diff,
             "matches": diff <= args.tolerance}
+    clock.lap("tvmsched_schedules")
     best_peer = min((entry["median_ms"], system) for system, entry in row["systems"].items()
                     if not system.startswith("tvmsched") and entry.get("median_ms"))
     row["best_peer"] = {"system": best_peer[1], "median_ms": best_peer[0],
@@ -80,6 +82,17 @@ def measure(case: str, args) -> dict:
     print(f"  {case:22s} " + "  ".join(f"{system} {entry['median_ms']:.3f}" for system, entry
                                         in row["systems"].items() if entry.get("median_ms")), flush=True)
     return row
+
+
+class _Laps:
+    """Seconds since the previous lap, into `seconds[name]`."""
+
+    def __init__(self, seconds: dict):
+        self.seconds, self.last = seconds, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now_ = time.perf_counter()
+        self.seconds[name], self.last = round(now_ - self.last, 1), now_
 
 
 def _parse(case: str) -> tuple[str, str, int]:
@@ -93,26 +106,6 @@ def _parse(case: str) -> tuple[str, str, int]:
 
 def _input_shape(proto: onnx.ModelProto) -> tuple[int, ...]:
     return tuple(dim.dim_value for dim in proto.graph.input[0].type.tensor_type.shape.dim)
-
-
-def _torchvision(name: str, batch: int):
-    """A torchvision network with random weights (seed 0), in eval mode, and its ONNX export at `batch`."""
-    import torch
-    import torchvision
-
-    builder, options, size = TORCHVISION[name]
-    torch.manual_seed(0)
-    module = getattr(torchvision.models, builder)(weights=None, **options).eval()
-    with torch.no_grad():  # batch norms as after training, not identities: outputs that tell errors apart
-        for layer in module.modules():
-            if isinstance(layer, torch.nn.BatchNorm2d):
-                for tensor, low, high in ((layer.running_mean, -0.1, 0.1), (layer.running_var, 0.5, 1.5),
-                                          (layer.weight, 0.5, 1.5), (layer.bias, -0.1, 0.1)):
-                    tensor.uniform_(low, high)
-    buffer = io.BytesIO()
-    torch.onnx.export(module, torch.zeros(batch, 3, size, size), buffer, input_names=["input"],
-                      output_names=["output"], opset_version=17, dynamo=False)
-    return onnx.load_from_string(buffer.getvalue()), module
 
 
 def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None:
