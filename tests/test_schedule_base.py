@@ -50,6 +50,15 @@ def test_affinity_keeps_a_lone_stage_after_the_stage_before_it_does_not_read():
     assert [launch.kernel for launch in launches if launch.stream == streams[5]][-3:] == [5, 6, 7]
 
 
+def test_affinity_keeps_a_lone_stage_after_the_stage_before_that_it_reads_but_does_not_continue():
+    graph = hand_graph([(), (0,), (0,), (1, 2), (3,), (4,), (4,), (5, 6)])
+    stages = [Stage(((0,),)), Stage(((1,), (2,))), Stage(((3,),)), Stage(((4, 5),)), Stage(((6,),)),
+              Stage(((7,),))]  # 6 reads 4, which 5 follows on its stream
+    streams = streams_of(Schedule.from_stages(stages, graph=graph, mapping="affinity"))
+    assert streams[6] == streams[5]
+    assert streams == streams_of(Schedule.from_stages(stages))
+
+
 @pytest.mark.parametrize("name", ["greedy", "dp"])
 @pytest.mark.parametrize("seed", range(6))
 def test_affinity_plans_are_race_free_and_use_no_more_streams(name, seed):

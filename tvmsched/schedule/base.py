@@ -45,7 +45,7 @@ class Schedule:
                    else [range(len(stage.groups)) for stage in stages])
         order = tuple((kernel, stream) for stage, numbers in zip(stages, streams)
                       for stream, group in zip(numbers, stage.groups) for kernel in group)
-        return cls(order, tuple(stages), dict(stats or {}))
+        return cls(order, tuple(stages), {**(stats or {}), "stream_mapping": mapping})
 
     def to_json(self) -> dict:
         stages = [[list(group) for group in stage.groups] for stage in self.stages] if self.stages else None
@@ -65,23 +65,22 @@ def affinity_streams(stages: list[Stage], graph: KernelGraph) -> list[list[int]]
     """The stream of each group of each stage: a stream whose last kernel the group reads (the latest
     such), so that stream order keeps the dependency, else the free stream idle longest. Either way a
     group waits on its stream only for kernels it depends on where possible; with group i on stream i, a
-    group often queues behind an unrelated one. One exception: a stage of one group that reads nothing of
-    the stage before goes on that stage's first stream, since the schedule chose to run it after, not
-    beside, that stage (on an idle stream the two would overlap: on the H100 that made squeezenet's dp
-    plan 1.43x slower). A stage's groups never share a stream, and no more streams are used than the
-    widest stage has groups."""
+    group often queues behind an unrelated one. One exception: a stage of one group that does not continue
+    a stream of the stage before goes on the stream of that stage's first group, since the schedule chose
+    to run it after, not beside, that stage (on an idle stream the two would overlap: on the H100 that
+    made squeezenet's dp plan 1.43x slower). A stage's groups never share a stream, and no more streams
+    are used than the widest stage has groups."""
     tails: list[int] = []  # the last kernel issued on each stream
     issued: list[int] = []  # when it was issued (stage position)
     streams: list[list[int]] = []
     for position, stage in enumerate(stages):
         taken: set[int] = set()
         numbers = []
-        before = set().union(*stages[position - 1].groups) if position else set()
         for group in stage.groups:
             producers = set().union(*(graph.dependencies(kernel) for kernel in group))
             free = [stream for stream in range(len(tails)) if stream not in taken]
             feeding = [stream for stream in free if tails[stream] in producers]
-            if before and len(stage.groups) == 1 and not producers & before:
+            if position and len(stage.groups) == 1 and not set(feeding) & set(streams[-1]):
                 stream = streams[-1][0]
             elif feeding:
                 stream = max(feeding, key=issued.__getitem__)
