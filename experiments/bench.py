@@ -250,6 +250,11 @@ def main() -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".json")
     rows, commands, cases = earlier_results(path, "case", args.cases, args.again)
+    other = [row["case"] for row in rows if row["case"] in args.cases and row.get("stream_mapping")
+             not in (None, args.stream_mapping)]
+    if other:
+        raise SystemExit(f"{path} holds {', '.join(other)} measured with another --stream-mapping; measure "
+                         f"them --again, or write to another --out-dir or --date")
     commands.append(command("experiments.bench"))
     for case in cases:
         rows.append(measure(case, args))
