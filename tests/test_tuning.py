@@ -236,11 +236,11 @@ def test_foreign_corrupt_and_busy_logs_are_refused(tuned_log, tmp_path, branchy_
 
 
 @pytest.mark.skipif(tvm.cuda(0).exist, reason="needs a machine without a CUDA device")
-def test_tuning_for_a_gpu_without_one_is_refused_before_anything_runs(tmp_path, branchy_model):
+def test_tuning_for_a_gpu_without_one_is_refused_before_anything_is_measured(tmp_path, branchy_model):
     log = TuningLog.for_target(resolve_target("cuda"), tmp_path)
     with pytest.raises(TargetError, match="no CUDA device is present here; .*--rpc HOST:PORT:KEY"):
         tune(lowered(branchy_model), resolve_target("cuda"), log, TuneOptions(trials=1))
-    assert not any(tmp_path.iterdir())
+    assert not log.exists() and not (tmp_path / "manifest.json").exists()
 
 
 def test_tune_measures_through_an_rpc_tracker(tmp_path, branchy_model):

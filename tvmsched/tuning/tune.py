@@ -148,10 +148,6 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
     First the default schedule of every kernel not measured before is measured (kept in the manifest);
     then kernels are tuned the slowest in total first over all models (weight × default latency), so a
     time budget goes where it matters. `progress` is called after every measured batch."""
-    if spec.kind == "cuda" and not options.rpc and not tvm.cuda(0).exist:
-        raise TargetError(f"tuning for {spec.key} measures every candidate on its GPU, and no CUDA device is "
-                          f"present here; run `tvmsched tune` on the machine with the GPU, or measure there "
-                          f"through a TVM RPC tracker (--rpc HOST:PORT:KEY)")
     modules = [lowered] if isinstance(lowered, LoweredModule) else list(lowered)
     with log.locked():
         manifest = log.manifest()
@@ -161,6 +157,10 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
         result = TuneResult(log, tasks, skipped)
         if not todo:
             return result
+        if spec.kind == "cuda" and not options.rpc and not tvm.cuda(0).exist:
+            raise TargetError(f"tuning for {spec.key} measures every candidate on its GPU, and no CUDA "
+                              f"device is present here; run `tvmsched tune` on the machine with the GPU, or "
+                              f"measure there through a TVM RPC tracker (--rpc HOST:PORT:KEY)")
         _quiet_metaschedule_console()
         start = time.perf_counter()
         control = RunControl(result, options.time_budget_s)
