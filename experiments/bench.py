@@ -36,12 +36,12 @@ from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
 from tvmsched.graph import extract
 from tvmsched.lower import kernel_module, lower
-from tvmsched.schedule.base import STREAM_MAPPINGS
+from tvmsched.schedule import MAPPED_SCHEDULERS
+from tvmsched.schedule.base import DEFAULT_STREAM_MAPPING, STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
 from tvmsched.tuning import TuningLog
 
 SCHEDULES = ("sequential", "greedy", "opara", "nimble", "dp")
-MAPPED = ("greedy", "dp")  # the schedules that take --stream-mapping
 DEFAULT_CASES = [f"{name}:{batch}" for batch in (1, 16) for name in zoo.list_models()] + \
                 [f"tv:{name}:{batch}" for batch in (1, 16) for name in TORCHVISION]
 
@@ -66,7 +66,7 @@ def measure(case: str, args) -> dict:
     row["stream_mapping"] = args.stream_mapping
     for schedule in SCHEDULES:
         start = time.perf_counter()
-        options = {"stream_mapping": args.stream_mapping} if schedule in MAPPED else {}
+        options = {"stream_mapping": args.stream_mapping} if schedule in MAPPED_SCHEDULERS else {}
         scheduled = model.reschedule(schedule, max_streams=args.streams, **options)
         search_s = time.perf_counter() - start
         diff = relative_diff(scheduled(x), reference)
@@ -234,7 +234,7 @@ def main() -> int:
     parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="MODEL:BATCH or tv:MODEL:BATCH")
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--streams", type=int, default=8)
-    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default="affinity",
+    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=DEFAULT_STREAM_MAPPING,
                         help="streams of greedy's and dp's groups (docs/schedulers.md)")
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=1e-4,

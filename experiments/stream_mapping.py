@@ -18,9 +18,9 @@ import numpy as np
 import tvm
 
 from experiments.common import command, compiled, median_ms, relative_diff
+from tvmsched.schedule import MAPPED_SCHEDULERS
+from tvmsched.schedule.base import STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
-
-MAPPINGS = ("index", "affinity")
 
 
 def measure(name: str, schedule: str, args) -> dict:
@@ -28,8 +28,8 @@ def measure(name: str, schedule: str, args) -> dict:
     x = np.random.default_rng(0).standard_normal(base.inputs[0].shape).astype("float32")
     expected = base.reschedule("sequential", executor="sequential")(x)
     models = {mapping: base.reschedule(schedule, max_streams=args.streams, stream_mapping=mapping)
-              for mapping in MAPPINGS}
-    times: dict[str, list[float]] = {mapping: [] for mapping in MAPPINGS}
+              for mapping in STREAM_MAPPINGS}
+    times: dict[str, list[float]] = {mapping: [] for mapping in STREAM_MAPPINGS}
     for _ in range(args.rounds):  # alternating, so drift of the clocks or the host hits both alike
         for mapping, model in models.items():
             times[mapping].append(median_ms(model, args.repeat, runs=1)[0])
@@ -50,7 +50,8 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", nargs="+", default=["inception_v3", "randwire", "nasnet"],
                         help="zoo models (default: the three whose plans the mappings make differ)")
-    parser.add_argument("--schedules", nargs="+", default=["dp", "greedy"], choices=["dp", "greedy"])
+    parser.add_argument("--schedules", nargs="+", default=list(MAPPED_SCHEDULERS),
+                        choices=MAPPED_SCHEDULERS)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--streams", type=int, default=8)
@@ -68,7 +69,7 @@ def main() -> int:
                            "command": command("experiments.stream_mapping"),
                            "timing": "median over rounds of tvmsched's benchmark median (`repeat` runs)",
                            "results": rows}, file, indent=1)
-    wrong = [(row["model"], row["schedule"], mapping) for row in rows for mapping in MAPPINGS
+    wrong = [(row["model"], row["schedule"], mapping) for row in rows for mapping in STREAM_MAPPINGS
              if row[mapping]["max_rel_diff_vs_sequential"] > 1e-5]
     if wrong:
         print(f"outputs off the sequential executor's: {wrong}")

@@ -166,7 +166,7 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                         help="ignore the tuning log: every kernel gets its default schedule")
     from tvmsched.executor import EXECUTORS
     from tvmsched.schedule import SCHEDULERS
-    from tvmsched.schedule.base import STREAM_MAPPINGS
+    from tvmsched.schedule.base import DEFAULT_STREAM_MAPPING, STREAM_MAPPINGS
 
     parser.add_argument("--schedule", default="sequential", choices=sorted(SCHEDULERS),
                         help="inter-operator schedule: which stream runs each kernel, in which order "
@@ -182,7 +182,7 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-states", type=int, default=1024,
                         help="dp: split a block whose search has more sets of kernels than this (default "
                              "1024; larger searches longer for schedules that are rarely better)")
-    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default="affinity",
+    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=DEFAULT_STREAM_MAPPING,
                         help="greedy and dp: the stream of each group of a stage; affinity (default): a "
                              "stream whose last kernel the group reads, else the one idle longest, so fewer "
                              "groups queue behind unrelated ones; index: group i on stream i")
@@ -215,6 +215,7 @@ def _models_export(args) -> None:
 def _compiled(args):
     """Load a build directory, or compile a model with the command's flags, showing progress."""
     import tvmsched
+    from tvmsched.schedule import MAPPED_SCHEDULERS
     if Path(args.model).is_dir():
         return tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
@@ -225,7 +226,7 @@ def _compiled(args):
                           f"{stats['stages_evaluated']} stages evaluated, "
                           f"{stats['stages_measured']} measured")
 
-        options = {"stream_mapping": args.stream_mapping} if args.schedule in ("greedy", "dp") else {}
+        options = {"stream_mapping": args.stream_mapping} if args.schedule in MAPPED_SCHEDULERS else {}
         if args.schedule == "dp":
             options |= {"max_group_size": args.max_group_size, "max_groups": args.max_groups,
                         "max_states": args.max_states, "search_progress": search_progress}

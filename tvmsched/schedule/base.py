@@ -53,6 +53,7 @@ class Schedule:
 
 
 STREAM_MAPPINGS = ("index", "affinity")
+DEFAULT_STREAM_MAPPING = "affinity"  # measured faster on the H100 (docs/schedulers.md)
 
 
 def check_stream_mapping(mapping: str) -> str:

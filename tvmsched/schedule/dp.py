@@ -22,6 +22,7 @@ from tvmsched.cost import CostModel
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import (
+    DEFAULT_STREAM_MAPPING,
     Schedule,
     Scheduler,
     SchedulerError,
@@ -35,7 +36,7 @@ from tvmsched.schedule.greedy import GreedyScheduler
 @register_scheduler("dp")
 class DynamicProgrammingScheduler(Scheduler):
     def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
-                 max_states: int = 1024, measure_top: int = 3, stream_mapping: str = "affinity",
+                 max_states: int = 1024, measure_top: int = 3, stream_mapping: str = DEFAULT_STREAM_MAPPING,
                  search_progress: Callable[[dict], None] | None = None):
         super().__init__(max_streams)
         self.stream_mapping = check_stream_mapping(stream_mapping)

@@ -3,12 +3,19 @@
 
 from tvmsched.cost import CostModel
 from tvmsched.graph import KernelGraph
-from tvmsched.schedule.base import Schedule, Scheduler, Stage, check_stream_mapping, register_scheduler
+from tvmsched.schedule.base import (
+    DEFAULT_STREAM_MAPPING,
+    Schedule,
+    Scheduler,
+    Stage,
+    check_stream_mapping,
+    register_scheduler,
+)
 
 
 @register_scheduler("greedy")
 class GreedyScheduler(Scheduler):
-    def __init__(self, max_streams: int = 8, stream_mapping: str = "affinity"):
+    def __init__(self, max_streams: int = 8, stream_mapping: str = DEFAULT_STREAM_MAPPING):
         super().__init__(max_streams)
         self.stream_mapping = check_stream_mapping(stream_mapping)
 
