@@ -16,7 +16,6 @@ torchvision module itself).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import statistics
@@ -30,7 +29,15 @@ import tvm
 from tvm import relax
 
 import tvmsched
-from experiments.common import command, earlier_results, event_median_ms, median_ms, now, relative_diff
+from experiments.common import (
+    argument_parser,
+    command,
+    earlier_results,
+    event_median_ms,
+    median_ms,
+    now,
+    relative_diff,
+)
 from experiments.torchvision_models import TORCHVISION, network
 from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
@@ -229,7 +236,7 @@ def chart(rows: list[dict], path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--out-dir", required=True, help="where bench_<device>_<date>.json/.md/.png go")
     parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="MODEL:BATCH or tv:MODEL:BATCH")
     parser.add_argument("--target", default="cuda")

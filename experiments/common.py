@@ -3,7 +3,9 @@ that several calls add to."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import hashlib
 import json
 import statistics
 import sys
@@ -14,12 +16,15 @@ import numpy as np
 
 import tvmsched
 from tvmsched import zoo
+from tvmsched.target import resolve_target
+from tvmsched.tuning.log import MANIFEST, TuningLog
 
 
 def compiled(name: str, batch: int, target: str, builds: str | None) -> tuple[tvmsched.CompiledModel, float]:
     """The zoo model `name` compiled for `target` (sequential plan) and the seconds compiling took; with
-    `builds`, a build saved there by an earlier run is loaded instead, and a new one is saved there."""
-    directory = Path(builds) / f"{name}-b{batch}-{target}" if builds else None
+    `builds`, a build saved there by an earlier run with the same tuning log is loaded instead, and a new
+    one is saved there (a build from before the log last changed is never reused)."""
+    directory = Path(builds) / f"{name}-b{batch}-{target}-log{log_digest(target)}" if builds else None
     if directory and (directory / "meta.json").is_file():
         return tvmsched.load(directory), 0.0
     start = time.perf_counter()
@@ -28,6 +33,18 @@ def compiled(name: str, batch: int, target: str, builds: str | None) -> tuple[tv
     if directory:
         model.save(directory)
     return model, seconds
+
+
+def log_digest(target: str) -> str:
+    """A short digest of the manifest of `target`'s tuning log (it changes with every tuning run), or
+    "none" where there is no log."""
+    manifest = TuningLog.for_target(resolve_target(target)).directory / MANIFEST
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12] if manifest.is_file() else "none"
+
+
+def argument_parser(doc: str) -> argparse.ArgumentParser:
+    """An experiment's argument parser, with its module docstring as the --help text."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def median_ms(model: tvmsched.CompiledModel, repeat: int, runs: int = 3) -> tuple[float, float]:

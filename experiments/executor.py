@@ -6,7 +6,6 @@ Graph, and multi-stream CUDA Graphs from the chain scheduler; prints a table and
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -15,7 +14,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from experiments.common import command, compiled, median_ms
+from experiments.common import argument_parser, command, compiled, median_ms
 from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules
 from tvmsched.lower import lower
@@ -56,7 +55,7 @@ def measure(name: str, batch: int, repeat: int, builds: str | None) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=100)

@@ -6,7 +6,6 @@ executor, against onnxruntime on the CPU; prints a table and writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -17,6 +16,7 @@ import onnxruntime
 import tvm
 
 import tvmsched
+from experiments.common import argument_parser
 from tvmsched import zoo
 
 
@@ -41,7 +41,7 @@ def check(name: str, batch: int, target: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--batch", type=int, default=1)

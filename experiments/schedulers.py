@@ -7,7 +7,6 @@ includes every measurement); prints a table and writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -18,7 +17,7 @@ import time
 import numpy as np
 import tvm
 
-from experiments.common import command, compiled, median_ms
+from experiments.common import argument_parser, command, compiled, median_ms
 from tvmsched.target import device_name, resolve_target
 
 SCHEDULES = ("sequential", "greedy", "opara", "nimble", "dp")
@@ -56,7 +55,7 @@ def measure(name: str, batch: int, args) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", nargs="*", default=["googlenet:1", "inception_v3:1", "squeezenet:1",
                                                        "randwire:1", "nasnet:1", "resnet50:1",

@@ -8,7 +8,6 @@ are checked against the sequential executor. Prints a table and writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import statistics
@@ -17,7 +16,7 @@ import sys
 import numpy as np
 import tvm
 
-from experiments.common import command, compiled, median_ms, relative_diff
+from experiments.common import argument_parser, command, compiled, median_ms, relative_diff
 from tvmsched.schedule import MAPPED_SCHEDULERS
 from tvmsched.schedule.base import STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
@@ -33,7 +32,8 @@ def measure(name: str, schedule: str, args) -> dict:
     for _ in range(args.rounds):  # alternating, so drift of the clocks or the host hits both alike
         for mapping, model in models.items():
             times[mapping].append(median_ms(model, args.repeat, runs=1)[0])
-    row = {"model": name, "batch": args.batch, "schedule": schedule}
+    row = {"model": name, "batch": args.batch, "schedule": schedule,
+           "tuned_kernels": len(base.meta.tuned_kernels), "kernels": len(base.graph.kernels)}
     for mapping, model in models.items():
         row[mapping] = {"median_ms": round(statistics.median(times[mapping]), 4), "rounds_ms": times[mapping],
                         "streams": model.plan.num_streams,
@@ -46,7 +46,7 @@ def measure(name: str, schedule: str, args) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", nargs="+", default=["inception_v3", "randwire", "nasnet"],
                         help="zoo models (default: the three whose plans the mappings make differ)")

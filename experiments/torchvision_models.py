@@ -10,11 +10,12 @@ the zoo's tuning records do not apply to them.
 
 from __future__ import annotations
 
-import argparse
 import io
 from pathlib import Path
 
 import onnx
+
+from experiments.common import argument_parser
 
 TORCHVISION = {"inception_v3": ("inception_v3", {"aux_logits": False, "init_weights": False}, 299),
                "googlenet": ("googlenet", {"aux_logits": False, "init_weights": False}, 224),
@@ -42,7 +43,7 @@ def network(name: str, batch: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--out-dir", required=True, type=Path, help="writes MODEL_bBATCH.onnx here")
     parser.add_argument("--models", nargs="+", default=list(TORCHVISION), choices=list(TORCHVISION))
     parser.add_argument("--batch", nargs="+", type=int, default=[1])

@@ -9,7 +9,6 @@ Rows accumulate in --out: models it already holds are skipped unless --again.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -19,7 +18,15 @@ import numpy as np
 import tvm
 
 import tvmsched
-from experiments.common import command, earlier_results, event_median_ms, median_ms, now, relative_diff
+from experiments.common import (
+    argument_parser,
+    command,
+    earlier_results,
+    event_median_ms,
+    median_ms,
+    now,
+    relative_diff,
+)
 from tvmsched import zoo
 from tvmsched.target import device_name, resolve_target
 from tvmsched.tuning import TuningLog
@@ -70,7 +77,7 @@ def _pytorch(proto, x: np.ndarray, expected: np.ndarray, repeat: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", nargs="+", default=zoo.list_models())
     parser.add_argument("--batch", type=int, default=1)
