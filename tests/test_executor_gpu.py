@@ -47,3 +47,19 @@ def test_tuned_kernels_with_workspace_on_parallel_streams_match_sequential():
         model = reference.reschedule(schedule, executor="cuda-graph")
         for _ in range(3):
             np.testing.assert_allclose(model(x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_measured_cost_times_orders_of_part_of_the_graph_and_caches_them(tmp_path, monkeypatch):
+    """dp compares each block's stages with greedy's by timing their whole orders: an order of the second
+    half of a multi-stream plan (the first half counting as done) is timed and then read from the cache."""
+    monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
+    proto = zoo.build("googlenet", batch=1, image_size=SMALL_IMAGE["googlenet"])
+    model = tvmsched.compile(proto, target="cuda", schedule="nimble", max_streams=4)
+    cost = model.cost_model("measured", max_streams=4)
+    order = tuple((launch.kernel, launch.stream) for launch in model.plan.launches)
+    assert len({stream for _, stream in order}) > 1
+    half = order[len(order) // 2:]
+    whole_ms, half_ms = cost.order_latency(order), cost.order_latency(half)
+    assert 0 < half_ms < whole_ms
+    measured = cost.measured
+    assert cost.order_latency(half) == half_ms and cost.measured == measured

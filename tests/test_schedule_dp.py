@@ -11,7 +11,9 @@ from tvmsched.cost import CostModel
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.plan import make_plan
 from tvmsched.schedule import create_scheduler
+from tvmsched.schedule.base import Schedule
 from tvmsched.schedule.dp import blocks
+from tvmsched.schedule.greedy import GreedyScheduler
 
 
 def brute_force(graph, cost, max_group_size, max_groups) -> float:
@@ -149,3 +151,46 @@ def test_analytic_guide_limits_what_a_measured_search_asks():
     assert guided.stats["stages_measured"] == len(guided_cost.asked)
     assert guided.stats["modeled_ms"] >= exhaustive.stats["modeled_ms"] - 1e-12
     assert_race_free(graph, make_plan(graph, list(guided.order), "dp"))
+
+
+class OrderTimingCost(CountingCost):
+    """A stand-in for a source that also times whole orders: it calls the orders of `faster` fast."""
+
+    def __init__(self, graph, faster: set):
+        super().__init__(graph)
+        self.faster = faster
+        self.orders = []
+
+    def order_latency(self, order):
+        self.orders.append(order)
+        return 0.0 if order in self.faster else 1.0
+
+
+def _block_orders(graph, stages_of_blocks, mapping):
+    return {Schedule.from_stages(stages, graph=graph, mapping=mapping).order for stages in stages_of_blocks}
+
+
+@pytest.mark.parametrize("mapping", ["index", "affinity"])
+def test_blocks_keep_greedys_stages_where_their_order_runs_faster(mapping):
+    """Where the cost source times whole orders, each block's searched stages are kept or replaced by
+    greedy's by which order runs faster; the stage-sum choice (analytic) is the fallback."""
+    graph = random_graph(num_kernels=40, seed=5)
+    dp = create_scheduler("dp", stream_mapping=mapping)
+    parts = [part for block in blocks(graph) for part in dp.parts(graph, block)]
+    greedy = GreedyScheduler(8)
+    greedy_stages = [greedy.stages(graph, part) for part in parts]
+
+    by_sum = create_scheduler("dp", stream_mapping=mapping).schedule(graph, CountingCost(graph))
+    greedy_faster = OrderTimingCost(graph, _block_orders(graph, greedy_stages, mapping))
+    chosen = create_scheduler("dp", stream_mapping=mapping).schedule(graph, greedy_faster)
+    assert list(chosen.stages) == [stage for stages in greedy_stages for stage in stages]
+    differing = chosen.stats["blocks_timed"]
+    assert differing == chosen.stats["blocks_greedy"] == len(greedy_faster.orders) // 2 > 0
+
+    searched_faster = OrderTimingCost(graph, set())
+    kept = create_scheduler("dp", stream_mapping=mapping).schedule(graph, searched_faster)
+    assert kept.stats["blocks_greedy"] == 0 and kept.stats["blocks_timed"] == differing
+    assert_race_free(graph, make_plan(graph, list(kept.order), "dp"))
+    assert by_sum.stats["blocks_timed"] == 0  # CountingCost times no orders: stage sums decide
+    as_ios = create_scheduler("dp", stream_mapping=mapping, time_orders=False).schedule(graph, greedy_faster)
+    assert as_ios.stats["blocks_timed"] == 0 and as_ios.stages == by_sum.stages

@@ -32,11 +32,16 @@ class CostModel(ABC):
 
     def __init__(self, graph: KernelGraph):
         self.graph = graph
-        self.measured = 0  # stages run on the device so far (a computed model runs none)
+        self.measured = 0  # stages and orders run on the device so far (a computed model runs none)
 
     @abstractmethod
     def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:
         """Milliseconds from the stage's start until its last kernel completes."""
+
+    def order_latency(self, order: tuple[tuple[int, int], ...]) -> float | None:
+        """Milliseconds of (kernel, stream) launches in this order run as the executor runs them: event
+        waits between streams, no barrier between stages; None where the source times stages only."""
+        return None
 
     def kernel_latency(self, kernel: int) -> float:
         """Milliseconds of one kernel running alone."""

@@ -23,7 +23,8 @@ def default_cache_path() -> Path:
 
 @register_cost_model("measured")
 class MeasuredCost(CostModel):
-    """`timer.time_stage(groups)` on a cache miss; `key` names the graph, device and batch."""
+    """`timer.time_stage(groups)` or `timer.time_order(order)` on a cache miss; `key` names the graph,
+    device and batch."""
 
     def __init__(self, graph: KernelGraph, timer, key: str, cache_path: Path | None = None):
         super().__init__(graph)
@@ -35,10 +36,18 @@ class MeasuredCost(CostModel):
 
     def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:
         signature = "|".join(sorted(",".join(map(str, group)) for group in groups))
+        return self._cached(signature, lambda: self.timer.time_stage(groups))
+
+    def order_latency(self, order: tuple[tuple[int, int], ...]) -> float:
+        signature = "order:" + ",".join(f"{kernel}@{stream}" for kernel, stream in order)
+        return self._cached(signature, lambda: self.timer.time_order(order))
+
+    def _cached(self, signature: str, measure) -> float:
+        """The cached latency under `signature`, else `measure()`'s (saved every 200 measurements)."""
         if signature in self.entries:
             self.hits += 1
         else:
-            self.entries[signature] = self.timer.time_stage(groups)
+            self.entries[signature] = measure()
             self.measured += 1
             if self.measured % 200 == 0:
                 self.save()

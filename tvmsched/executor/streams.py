@@ -14,7 +14,7 @@ import tvm_ffi
 from tvmsched.errors import TargetError
 from tvmsched.executor.base import Executor, TraceEvent, register_executor
 from tvmsched.memory import MemoryPlan
-from tvmsched.plan import Launch
+from tvmsched.plan import Launch, add_waits
 
 
 def _cudart():
@@ -67,7 +67,9 @@ class StreamsExecutor(Executor):
         check(cudart.cudaEventRecord(self.fork_event, main))
         for stream in self.streams[1:]:
             check(cudart.cudaStreamWaitEvent(stream, self.fork_event, 0))
-        for launch in self.plan.launches if launches is None else launches:
+        launches = self.plan.launches if launches is None else launches
+        signaled = {producer for launch in launches for producer in launch.waits}
+        for launch in launches:
             stream = self.streams[launch.stream]
             for producer in launch.waits:
                 check(cudart.cudaStreamWaitEvent(stream, self.events[producer], 0))
@@ -78,7 +80,7 @@ class StreamsExecutor(Executor):
                 function(*arguments)
             if timing:
                 self._record_timing(timing[launch.kernel][1], stream)
-            if launch.kernel in self.events:
+            if launch.kernel in signaled:
                 check(cudart.cudaEventRecord(self.events[launch.kernel], stream))
         for stream, event in zip(self.streams[1:], self.join_events):
             check(cudart.cudaEventRecord(event, stream))
@@ -184,15 +186,27 @@ class StageTimer(StreamsExecutor):
         while len(self.streams) < max_groups:
             self.streams.append(check(self.cudart.cudaStreamCreateWithFlags(self.cudart.cudaStreamNonBlocking)))
             self.join_events.append(self._event())
+        for kernel in graph.kernels:  # any kernel may be waited on in a timed order
+            self.events.setdefault(kernel.id, self._event())
         self.issue()
         self.synchronize()
         self.start, self.end = self._event(timing=True), self._event(timing=True)
 
     def time_stage(self, groups: tuple[tuple[int, ...], ...], replays: int = 5, rounds: int = 3) -> float:
         """Median over `rounds` of the mean milliseconds of `replays` back-to-back replays of the stage."""
+        return self._time(tuple(Launch(kernel, stream) for stream, group in enumerate(groups)
+                                for kernel in group), replays, rounds)
+
+    def time_order(self, order: tuple[tuple[int, int], ...], replays: int = 5, rounds: int = 3) -> float:
+        """`time_stage` for (kernel, stream) launches in this order, with the waits the executor adds
+        between them; the kernels outside the order count as complete before it."""
+        outside = frozenset(range(len(self.graph.kernels))) - {kernel for kernel, _ in order}
+        return self._time(add_waits(self.graph, list(order), outside), replays, rounds)
+
+    def _time(self, launches: tuple[Launch, ...], replays: int, rounds: int) -> float:
+        """Median over `rounds` of the mean milliseconds of `replays` replays of `launches` as one graph."""
         cudart, main = self.cudart, self.streams[0]
-        graph = self.capture(tuple(Launch(kernel, stream) for stream, group in enumerate(groups)
-                                   for kernel in group))
+        graph = self.capture(launches)
         executable = check(cudart.cudaGraphInstantiate(graph, 0))
         try:
             check(cudart.cudaGraphLaunch(executable, main))

@@ -10,6 +10,8 @@ split in two at the depth level nearest its middle, so both halves keep the bloc
 and each half is searched alone.
 With a cost source other than the analytic model (measurements), an analytic search of the same block
 guides the real one: per state only the `measure_top` ending sets the model ranks best are measured.
+Each block's stages are finally checked against greedy's (IOS's baseline), timed as whole orders where
+the cost source can (docs/schedulers.md), and greedy's are kept where they run faster.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from tvmsched.schedule.greedy import GreedyScheduler
 class DynamicProgrammingScheduler(Scheduler):
     def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
                  max_states: int = 1024, measure_top: int = 3, stream_mapping: str = DEFAULT_STREAM_MAPPING,
-                 search_progress: Callable[[dict], None] | None = None):
+                 time_orders: bool = True, search_progress: Callable[[dict], None] | None = None):
         super().__init__(max_streams)
+        self.time_orders = time_orders
         self.stream_mapping = check_stream_mapping(stream_mapping)
         if max_group_size < 1 or max_groups < 1 or measure_top < 1:
             raise SchedulerError("max_group_size, max_groups and measure_top must be at least 1")
@@ -52,7 +55,7 @@ class DynamicProgrammingScheduler(Scheduler):
         start = time.perf_counter()
         self.cost = cost
         self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "stages_measured": 0,
-                      "modeled_ms": 0.0}
+                      "blocks_timed": 0, "blocks_greedy": 0, "modeled_ms": 0.0}
         stages: list[Stage] = []
         for block in blocks(graph):
             for part in self.parts(graph, block):
@@ -72,15 +75,30 @@ class DynamicProgrammingScheduler(Scheduler):
         return self.parts(graph, first) + self.parts(graph, second)
 
     def _block_stages(self, graph: KernelGraph, block: list[int], cost: CostModel) -> list[Stage]:
-        """The block's best stages: the search's, or greedy's where the search found nothing better, so
-        dp is never worse than greedy."""
+        """The block's best stages: the search's, or greedy's where greedy's run faster, so dp is never
+        worse than greedy. Where the cost source can time whole orders (measurements), the two are
+        compared as the executor runs them, without barriers between stages, in which greedy's
+        one-kernel groups can overlap across stages more than the searched stages' chains; else (or
+        with time_orders=False, as IOS) by the sum of their stage latencies, which the search
+        minimizes."""
         guide = None
         if not isinstance(cost, AnalyticCost):
             guide = _BlockSearch(graph, block, AnalyticCost(graph), self)
         searched = _BlockSearch(graph, block, cost, self, guide).run()
         self.stats["blocks"] += 1
         greedy = GreedyScheduler(self.max_streams).stages(graph, block)
-        return min(searched, greedy, key=lambda stages: _latency(stages, cost))
+        if searched == greedy:
+            return searched
+        executed = [cost.order_latency(Schedule.from_stages(stages, graph=graph,
+                                                            mapping=self.stream_mapping).order)
+                    for stages in (searched, greedy)] if self.time_orders else [None]
+        if None in executed:
+            return min(searched, greedy, key=lambda stages: _latency(stages, cost))
+        self.stats["blocks_timed"] += 1
+        if executed[1] < executed[0]:
+            self.stats["blocks_greedy"] += 1
+            return greedy
+        return searched
 
     def report(self) -> None:
         """Pass the search's counters to `search_progress`; `modeled_ms` covers the blocks finished so far."""
