@@ -67,3 +67,20 @@ def test_models_list_and_export(tmp_path, capsys):
     assert "inception_v3" in capsys.readouterr().out
     assert main(["models", "export", "squeezenet", "-o", str(tmp_path / "sq.onnx")]) == 0
     onnx.checker.check_model(onnx.load(tmp_path / "sq.onnx"))
+
+
+@pytest.mark.parametrize("flags, time_orders", [([], True), (["--stage-sums"], False)])
+def test_build_passes_the_dp_options(monkeypatch, flags, time_orders):
+    import tvmsched
+    from tvmsched.errors import TvmschedError
+
+    seen = {}
+
+    def compile_options(model, **options):
+        seen.update(options)
+        raise TvmschedError("stop before compiling")
+
+    monkeypatch.setattr(tvmsched, "compile", compile_options)
+    args = ["build", "squeezenet", "-o", "unused", "--schedule", "dp", "--max-states", "64", *flags]
+    assert main(args) == 2
+    assert seen["time_orders"] is time_orders and seen["max_states"] == 64 and seen["schedule"] == "dp"

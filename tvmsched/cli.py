@@ -182,6 +182,10 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-states", type=int, default=1024,
                         help="dp: split a block whose search has more sets of kernels than this (default "
                              "1024; larger searches longer for schedules that are rarely better)")
+    parser.add_argument("--stage-sums", action="store_true",
+                        help="dp: compare each block's searched stages with greedy's by the sum of their "
+                             "stage latencies, as IOS, instead of timing both as whole orders on the GPU "
+                             "(the executed plan has no barriers between stages; docs/schedulers.md)")
     parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=DEFAULT_STREAM_MAPPING,
                         help="greedy and dp: the stream of each group of a stage; affinity (default): a "
                              "stream whose last kernel the group reads, else the one idle longest, so fewer "
@@ -229,7 +233,8 @@ def _compiled(args):
         options = {"stream_mapping": args.stream_mapping} if args.schedule in MAPPED_SCHEDULERS else {}
         if args.schedule == "dp":
             options |= {"max_group_size": args.max_group_size, "max_groups": args.max_groups,
-                        "max_states": args.max_states, "search_progress": search_progress}
+                        "max_states": args.max_states, "time_orders": not args.stage_sums,
+                        "search_progress": search_progress}
         model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
                                  schedule=args.schedule, max_streams=args.streams, executor=args.executor,
                                  cost=args.cost, tuning_log=args.log, tuned=not args.untuned, **options,
