@@ -28,13 +28,25 @@ from tvmsched.target import device_name, resolve_target
 
 
 def parse_option(text: str) -> tuple[str, list[str], list]:
-    """'name=a,b' as (name, the two labels, the two values: true/false as bools, digits as ints)."""
+    """'name=a,b' as (name, the two labels, the two values: true/false in any case as bools, numbers as
+    ints or floats, anything else as strings)."""
     name, _, values = text.partition("=")
     labels = values.split(",")
-    if not name or len(labels) != 2:
-        raise SystemExit(f"--option wants NAME=A,B (two values), got '{text}'")
-    convert = {"true": True, "false": False}
-    return name, labels, [convert.get(label, int(label) if label.isdigit() else label) for label in labels]
+    if not name or len(labels) != 2 or labels[0] == labels[1]:
+        raise SystemExit(f"--option wants NAME=A,B (two different values), got '{text}'")
+    return name, labels, [_value(label) for label in labels]
+
+
+def _value(label: str):
+    booleans = {"true": True, "false": False}
+    if label.lower() in booleans:
+        return booleans[label.lower()]
+    for number in (int, float):
+        try:
+            return number(label)
+        except ValueError:
+            pass
+    return label
 
 
 def taking(option: str) -> list[str]:
@@ -84,6 +96,8 @@ def main() -> int:
     parser.add_argument("--builds", default=None, help="reuse/save compiled models here")
     args = parser.parse_args()
     option, labels, values = parse_option(args.option)
+    if option == "max_streams":
+        raise SystemExit("the stream count is --streams; compare two counts with two runs")
     schedules = args.schedules or taking(option)
     if not schedules or set(schedules) - set(taking(option)):
         raise SystemExit(f"'{option}' is an option of: {', '.join(taking(option)) or 'no scheduler'}")

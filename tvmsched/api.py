@@ -175,8 +175,9 @@ class CompiledModel:
                               "(--cost analytic)")
         timer = StageTimer(self.library, self.graph, self.plan, self.constants, device_for(self.meta.target),
                            max_groups=max_streams)
+        # tuned and default kernels time differently, and so do timers of another version
         key = (f"{self.graph.hash}/{self.plan.context['target']}/batch{self.plan.context['batch']}"
-               f"/kernels{self.meta.kernels_hash}")  # tuned and default kernels time differently
+               f"/kernels{self.meta.kernels_hash}/timer{StageTimer.version}")
         return MeasuredCost(self.graph, timer, key)
 
     @property

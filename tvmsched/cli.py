@@ -228,7 +228,7 @@ def _compiled(args):
             status.update(f"{args.model}: dp search: {stats['blocks']} blocks done "
                           f"({stats['modeled_ms']:.3f} ms so far), {stats['states']} states, "
                           f"{stats['stages_evaluated']} stages evaluated, "
-                          f"{stats['stages_measured']} measured")
+                          f"{stats['measurements']} measurements")
 
         options = {"stream_mapping": args.stream_mapping} if args.schedule in MAPPED_SCHEDULERS else {}
         if args.schedule == "dp":

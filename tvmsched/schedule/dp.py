@@ -54,16 +54,16 @@ class DynamicProgrammingScheduler(Scheduler):
     def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
         start = time.perf_counter()
         self.cost = cost
-        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "stages_measured": 0,
+        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "measurements": 0,
                       "blocks_timed": 0, "blocks_greedy": 0, "modeled_ms": 0.0}
         stages: list[Stage] = []
         for block in blocks(graph):
             for part in self.parts(graph, block):
-                part_stages = self._block_stages(graph, part, cost)
+                part_stages = self._block_stages(graph, part, cost, stages)
                 stages.extend(part_stages)
                 self.stats["modeled_ms"] += _latency(part_stages, cost)
                 self.report()
-        self.stats["stages_measured"] = cost.measured
+        self.stats["measurements"] = cost.measured
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return Schedule.from_stages(stages, dict(self.stats), graph, self.stream_mapping)
 
@@ -74,13 +74,14 @@ class DynamicProgrammingScheduler(Scheduler):
         first, second = split(graph, block)
         return self.parts(graph, first) + self.parts(graph, second)
 
-    def _block_stages(self, graph: KernelGraph, block: list[int], cost: CostModel) -> list[Stage]:
+    def _block_stages(self, graph: KernelGraph, block: list[int], cost: CostModel,
+                      before: list[Stage]) -> list[Stage]:
         """The block's best stages: the search's, or greedy's where greedy's run faster, so dp is never
         worse than greedy. Where the cost source can time whole orders (measurements), the two are
         compared as the executor runs them, without barriers between stages, in which greedy's
         one-kernel groups can overlap across stages more than the searched stages' chains; else (or
         with time_orders=False, as IOS) by the sum of their stage latencies, which the search
-        minimizes."""
+        minimizes. `before` are the stages chosen for the blocks before."""
         guide = None
         if not isinstance(cost, AnalyticCost):
             guide = _BlockSearch(graph, block, AnalyticCost(graph), self)
@@ -89,9 +90,8 @@ class DynamicProgrammingScheduler(Scheduler):
         greedy = GreedyScheduler(self.max_streams).stages(graph, block)
         if searched == greedy:
             return searched
-        executed = [cost.order_latency(Schedule.from_stages(stages, graph=graph,
-                                                            mapping=self.stream_mapping).order)
-                    for stages in (searched, greedy)] if self.time_orders else [None]
+        executed = ([cost.order_latency(self.issued_after(graph, before, stages))
+                     for stages in (searched, greedy)] if self.time_orders else [None])
         if None in executed:
             return min(searched, greedy, key=lambda stages: _latency(stages, cost))
         self.stats["blocks_timed"] += 1
@@ -100,10 +100,16 @@ class DynamicProgrammingScheduler(Scheduler):
             return greedy
         return searched
 
+    def issued_after(self, graph: KernelGraph, before: list[Stage], stages: list[Stage]) -> tuple:
+        """The (kernel, stream) order of `stages` as the plan issues them after `before` (the stream
+        mapping depends on the stages before)."""
+        order = Schedule.from_stages([*before, *stages], graph=graph, mapping=self.stream_mapping).order
+        return order[sum(len(stage.kernels) for stage in before):]
+
     def report(self) -> None:
         """Pass the search's counters to `search_progress`; `modeled_ms` covers the blocks finished so far."""
         if self.search_progress:
-            self.stats["stages_measured"] = self.cost.measured
+            self.stats["measurements"] = self.cost.measured
             self.search_progress(dict(self.stats))
 
 
