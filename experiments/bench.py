@@ -70,10 +70,11 @@ def measure(case: str, args) -> dict:
     row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass
     row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args)}
     clock.lap("relax_vm")
-    row["stream_mapping"] = args.stream_mapping
+    row |= scheduler_options(args)
     for schedule in SCHEDULES:
         start = time.perf_counter()
         options = {"stream_mapping": args.stream_mapping} if schedule in MAPPED_SCHEDULERS else {}
+        options |= {"time_orders": not args.stage_sums} if schedule == "dp" else {}
         scheduled = model.reschedule(schedule, max_streams=args.streams, **options)
         search_s = time.perf_counter() - start
         diff = relative_diff(scheduled(x), reference)
@@ -101,6 +102,11 @@ class _Laps:
     def lap(self, name: str) -> None:
         now_ = time.perf_counter()
         self.seconds[name], self.last = round(now_ - self.last, 1), now_
+
+
+def scheduler_options(args) -> dict:
+    """The options of the schedulers a row was measured with (rows with others are not mixed in)."""
+    return {"stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums}
 
 
 def _parse(case: str) -> tuple[str, str, int]:
@@ -244,6 +250,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=DEFAULT_STREAM_MAPPING,
                         help="streams of greedy's and dp's groups (docs/schedulers.md)")
+    parser.add_argument("--stage-sums", action="store_true",
+                        help="dp compares its blocks with greedy's by stage sums, as IOS, instead of as "
+                             "whole orders timed on the GPU (docs/schedulers.md)")
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=1e-4,
                         help="largest relative difference from PyTorch's output that counts as a match")
@@ -258,11 +267,12 @@ def main() -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".json")
     rows, commands, cases = earlier_results(path, "case", args.cases, args.again)
-    other = [row["case"] for row in rows if row["case"] in args.cases and row.get("stream_mapping")
-             not in (None, args.stream_mapping)]
+    options = scheduler_options(args)
+    other = [row["case"] for row in rows if row["case"] in args.cases
+             and any(key in row and row[key] != value for key, value in options.items())]
     if other:
-        raise SystemExit(f"{path} holds {', '.join(other)} measured with another --stream-mapping; measure "
-                         f"them --again, or write to another --out-dir or --date")
+        raise SystemExit(f"{path} holds {', '.join(other)} measured with other scheduler options than "
+                         f"{options}; measure them --again, or write to another --out-dir or --date")
     commands.append(command("experiments.bench"))
     for case in cases:
         rows.append(measure(case, args))
