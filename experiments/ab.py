@@ -14,7 +14,6 @@ former name, experiments.stream_mapping, which compared the stream mappings only
 from __future__ import annotations
 
 import datetime
-import inspect
 import json
 import statistics
 import sys
@@ -23,7 +22,7 @@ import numpy as np
 import tvm
 
 from experiments.common import argument_parser, command, compiled, median_ms, relative_diff
-from tvmsched.schedule import SCHEDULERS
+from tvmsched.schedule import SCHEDULERS, options_for
 from tvmsched.target import device_name, resolve_target
 
 
@@ -51,7 +50,7 @@ def _value(label: str):
 
 def taking(option: str) -> list[str]:
     """The schedulers that take `option`."""
-    return sorted(name for name, cls in SCHEDULERS.items() if option in inspect.signature(cls).parameters)
+    return sorted(name for name in SCHEDULERS if options_for(name, **{option: None}))
 
 
 def measure(name: str, schedule: str, option: str, labels: list[str], values: list, args) -> dict:

@@ -43,7 +43,7 @@ from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
 from tvmsched.graph import extract
 from tvmsched.lower import kernel_module, lower
-from tvmsched.schedule import MAPPED_SCHEDULERS
+from tvmsched.schedule import options_for
 from tvmsched.schedule.base import DEFAULT_STREAM_MAPPING, STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
 from tvmsched.tuning import TuningLog
@@ -70,11 +70,10 @@ def measure(case: str, args) -> dict:
     row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass
     row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args)}
     clock.lap("relax_vm")
-    row |= scheduler_options(args)
+    row |= row_options(args)
     for schedule in SCHEDULES:
         start = time.perf_counter()
-        options = {"stream_mapping": args.stream_mapping} if schedule in MAPPED_SCHEDULERS else {}
-        options |= {"time_orders": not args.stage_sums} if schedule == "dp" else {}
+        options = options_for(schedule, stream_mapping=args.stream_mapping, time_orders=not args.stage_sums)
         scheduled = model.reschedule(schedule, max_streams=args.streams, **options)
         search_s = time.perf_counter() - start
         diff = relative_diff(scheduled(x), reference)
@@ -104,7 +103,7 @@ class _Laps:
         self.seconds[name], self.last = round(now_ - self.last, 1), now_
 
 
-def scheduler_options(args) -> dict:
+def row_options(args) -> dict:
     """The options of the schedulers a row was measured with (rows with others are not mixed in)."""
     return {"stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums}
 
@@ -267,7 +266,7 @@ def main() -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".json")
     rows, commands, cases = earlier_results(path, "case", args.cases, args.again)
-    options = scheduler_options(args)
+    options = row_options(args)
     other = [row["case"] for row in rows if row["case"] in args.cases
              and any(key in row and row[key] != value for key, value in options.items())]
     if other:

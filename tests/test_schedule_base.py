@@ -8,7 +8,7 @@ from test_schedule_baselines import hand_graph
 
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.plan import make_plan
-from tvmsched.schedule import create_scheduler
+from tvmsched.schedule import create_scheduler, options_for
 from tvmsched.schedule.base import Schedule, SchedulerError, Stage
 
 
@@ -73,3 +73,11 @@ def test_affinity_plans_are_race_free_and_use_no_more_streams(name, seed):
 def test_unknown_stream_mapping_names_the_choices():
     with pytest.raises(SchedulerError, match="unknown stream mapping 'nearest'; available: index, affinity"):
         create_scheduler("dp", stream_mapping="nearest")
+
+
+def test_options_for_gives_each_scheduler_only_the_flags_it_takes():
+    flags = {"stream_mapping": "index", "time_orders": False, "max_states": 64}
+    assert options_for("dp", **flags) == flags
+    assert options_for("greedy", **flags) == {"stream_mapping": "index"}
+    assert options_for("nimble", **flags) == {}
+    create_scheduler("greedy", **options_for("greedy", **flags))  # what it returns, the scheduler accepts

@@ -219,7 +219,7 @@ def _models_export(args) -> None:
 def _compiled(args):
     """Load a build directory, or compile a model with the command's flags, showing progress."""
     import tvmsched
-    from tvmsched.schedule import MAPPED_SCHEDULERS
+    from tvmsched.schedule import options_for
     if Path(args.model).is_dir():
         return tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
@@ -230,11 +230,10 @@ def _compiled(args):
                           f"{stats['stages_evaluated']} stages evaluated, "
                           f"{stats['measurements']} measurements")
 
-        options = {"stream_mapping": args.stream_mapping} if args.schedule in MAPPED_SCHEDULERS else {}
-        if args.schedule == "dp":
-            options |= {"max_group_size": args.max_group_size, "max_groups": args.max_groups,
-                        "max_states": args.max_states, "time_orders": not args.stage_sums,
-                        "search_progress": search_progress}
+        options = options_for(args.schedule, stream_mapping=args.stream_mapping,
+                              max_group_size=args.max_group_size, max_groups=args.max_groups,
+                              max_states=args.max_states, time_orders=not args.stage_sums,
+                              search_progress=search_progress)
         model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
                                  schedule=args.schedule, max_streams=args.streams, executor=args.executor,
                                  cost=args.cost, tuning_log=args.log, tuned=not args.untuned, **options,

@@ -6,9 +6,13 @@ import inspect
 from tvmsched.schedule import chains, dp, greedy, nimble, opara, sequential  # noqa: F401  (registers them)
 from tvmsched.schedule.base import SCHEDULERS, Schedule, Scheduler, SchedulerError, Stage, create_scheduler
 
-# The schedulers that take a `stream_mapping` (those that issue stages of groups).
-MAPPED_SCHEDULERS = tuple(sorted(name for name, cls in SCHEDULERS.items()
-                                 if "stream_mapping" in inspect.signature(cls).parameters))
 
-__all__ = ["MAPPED_SCHEDULERS", "SCHEDULERS", "Schedule", "Scheduler", "SchedulerError", "Stage",
-           "create_scheduler"]
+def options_for(schedule: str, **options) -> dict:
+    """Those of `options` that the scheduler `schedule` takes (a command's flags, each for the schedulers
+    that have it: `stream_mapping` for greedy and dp, the search bounds for dp)."""
+    parameters = inspect.signature(SCHEDULERS[schedule]).parameters
+    return {key: value for key, value in options.items() if key in parameters}
+
+
+__all__ = ["SCHEDULERS", "Schedule", "Scheduler", "SchedulerError", "Stage", "create_scheduler",
+           "options_for"]
