@@ -81,7 +81,8 @@ def measure(case: str, args) -> dict:
             "median_ms": median_ms(scheduled, args.repeat)[0], "search_s": round(search_s, 2),
             "streams": scheduled.plan.num_streams, "max_rel_diff_vs_reference": diff,
             "matches": diff <= args.tolerance,
-            **{key: value for key, value in scheduled.plan.schedule.items() if key.startswith("blocks_")}}
+            **{key: value for key, value in scheduled.plan.schedule.items()
+               if key.startswith("blocks_") or key == "plan_ms"}}
     clock.lap("tvmsched_schedules")
     best_peer = min((entry["median_ms"], system) for system, entry in row["systems"].items()
                     if not system.startswith("tvmsched") and entry.get("median_ms"))

@@ -7,6 +7,7 @@ from test_models import SMALL_IMAGE
 
 import tvmsched
 from tvmsched import zoo
+from tvmsched.errors import GraphError
 from tvmsched.schedule import SCHEDULERS
 
 pytestmark = pytest.mark.gpu
@@ -49,17 +50,20 @@ def test_tuned_kernels_with_workspace_on_parallel_streams_match_sequential():
             np.testing.assert_allclose(model(x), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_measured_cost_times_orders_of_part_of_the_graph_and_caches_them(tmp_path, monkeypatch):
-    """dp compares each block's stages with greedy's by timing their whole orders: an order of the second
-    half of a multi-stream plan (the first half counting as done) is timed and then read from the cache."""
+def test_measured_cost_times_whole_plans_and_caches_them(tmp_path, monkeypatch):
+    """dp chooses between each part's stages by timing whole plans: a multi-stream plan and the same
+    kernels on one stream are timed once each and then read from the cache; part of a plan is refused."""
     monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
     proto = zoo.build("googlenet", batch=1, image_size=SMALL_IMAGE["googlenet"])
     model = tvmsched.compile(proto, target="cuda", schedule="nimble", max_streams=4)
     cost = model.cost_model("measured", max_streams=4)
     order = tuple((launch.kernel, launch.stream) for launch in model.plan.launches)
     assert len({stream for _, stream in order}) > 1
-    half = order[len(order) // 2:]
-    whole_ms, half_ms = cost.order_latency(order), cost.order_latency(half)
-    assert 0 < half_ms < whole_ms
-    measured = cost.measured
-    assert cost.order_latency(half) == half_ms and cost.measured == measured
+    one_stream = tuple((kernel, 0) for kernel, _ in order)
+    before = cost.measured
+    timed = cost.order_latency(order), cost.order_latency(one_stream)
+    assert min(timed) > 0 and cost.measured == before + 2
+    again = cost.order_latency(order), cost.order_latency(one_stream)
+    assert again == timed and cost.measured == before + 2
+    with pytest.raises(GraphError, match="before its producers"):
+        cost.order_latency(order[len(order) // 2:])

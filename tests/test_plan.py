@@ -10,7 +10,7 @@ from synthetic import random_graph, random_order
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.errors import GraphError
 from tvmsched.memory import MemoryPlan
-from tvmsched.plan import HappensBefore, add_waits, make_plan
+from tvmsched.plan import HappensBefore, make_plan
 from tvmsched.schedule import SCHEDULERS, create_scheduler
 
 
@@ -90,26 +90,6 @@ def test_every_wait_is_needed(seed):
                 broken.validate(graph)
             with pytest.raises(AssertionError):
                 assert_race_free(graph, broken)
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_waits_of_an_order_of_part_of_the_graph(seed):
-    """A block's order is timed alone: the kernels before it count as complete and get no waits, its own
-    kernels are ordered after their producers; a producer neither issued nor done is refused."""
-    graph = random_graph(num_kernels=20, seed=seed)
-    order = random_order(graph, 3, seed=seed)
-    cut = len(order) // 2
-    before, part = frozenset(kernel for kernel, _ in order[:cut]), order[cut:]
-    launches = add_waits(graph, part, before)
-    assert [(launch.kernel, launch.stream) for launch in launches] == part
-    happens = HappensBefore(launches)
-    for launch in launches:
-        for producer in graph.dependencies(launch.kernel) - before:
-            assert happens.ordered(producer, launch.kernel)
-        assert not set(launch.waits) & before
-    needed = next(kernel for kernel, _ in part if graph.dependencies(kernel) & before)
-    with pytest.raises(GraphError, match="before its producers"):
-        add_waits(graph, part, before - graph.dependencies(needed))
 
 
 def test_checkers_catch_a_shared_buffer():

@@ -9,7 +9,7 @@ from test_plan import assert_race_free
 
 from tvmsched.cost import CostModel
 from tvmsched.cost.analytic import AnalyticCost
-from tvmsched.plan import make_plan
+from tvmsched.plan import add_waits, make_plan
 from tvmsched.schedule import create_scheduler
 from tvmsched.schedule.base import Schedule
 from tvmsched.schedule.dp import blocks
@@ -153,49 +153,81 @@ def test_analytic_guide_limits_what_a_measured_search_asks():
     assert_race_free(graph, make_plan(graph, list(guided.order), "dp"))
 
 
-class OrderTimingCost(CountingCost):
-    """A stand-in for a source that also times whole orders: it calls the orders of `faster` fast."""
+class OrderTimingCost(AnalyticCost):
+    """A stand-in for a source that also times whole plans: `latency(order)` of each order it is asked."""
 
-    def __init__(self, graph, faster: set):
+    def __init__(self, graph, latency):
         super().__init__(graph)
-        self.faster = faster
-        self.orders = []
+        self.latency = latency
+        self.orders = {}
 
     def order_latency(self, order):
-        self.orders.append(order)
-        return 0.0 if order in self.faster else 1.0
+        self.orders[order] = self.latency(order)
+        return self.orders[order]
 
 
-def _block_orders(graph, stages_of_blocks, mapping):
-    """Each block's order as the whole plan issues it after the blocks before (these stages all chosen)."""
-    order = Schedule.from_stages([stage for stages in stages_of_blocks for stage in stages], graph=graph,
-                                 mapping=mapping).order
-    sizes = [sum(len(stage.kernels) for stage in stages) for stages in stages_of_blocks]
-    ends = list(itertools.accumulate(sizes))
-    return {order[end - size:end] for size, end in zip(sizes, ends)}
+def _simulated_ms(graph):
+    """A plan's latency as a list scheduler runs it: each kernel starts when its stream is free and the
+    launches it waits on have finished, and takes its analytic latency alone."""
+    model = AnalyticCost(graph)
+
+    def latency(order):
+        finished, free = {}, {}
+        for launch in add_waits(graph, list(order)):
+            begin = max([free.get(launch.stream, 0.0)] + [finished[k] for k in launch.waits])
+            finished[launch.kernel] = free[launch.stream] = begin + model.kernel_latency(launch.kernel)
+        return max(finished.values())
+    return latency
+
+
+def _options(graph, mapping):
+    """dp's plan by stage sums, its stages of each part of dp's search, and greedy's."""
+    dp = create_scheduler("dp", stream_mapping=mapping)
+    parts = [part for block in blocks(graph) for part in dp.parts(graph, block)]
+    by_sum = dp.schedule(graph, AnalyticCost(graph))
+    chosen = [[stage for stage in by_sum.stages if stage.kernels[0] in part] for part in parts]
+    return by_sum, chosen, [GreedyScheduler(8).stages(graph, part) for part in parts]
+
+
+def _order(graph, stages, mapping):
+    return Schedule.from_stages(list(stages), graph=graph, mapping=mapping).order
 
 
 @pytest.mark.parametrize("mapping", ["index", "affinity"])
-def test_blocks_keep_greedys_stages_where_their_order_runs_faster(mapping):
-    """Where the cost source times whole orders, each block's searched stages are kept or replaced by
-    greedy's by which order runs faster; the stage-sum choice (analytic) is the fallback."""
+def test_parts_are_chosen_by_timing_the_whole_plan(mapping):
+    """Where the cost source times whole orders, the plan is the stage-sum choice or all of greedy's
+    stages, whichever runs faster, then each part whose options differ switched to its other option
+    where the whole plan runs faster: one timing per such part, and the plan kept is the fastest timed."""
     graph = random_graph(num_kernels=40, seed=5)
-    dp = create_scheduler("dp", stream_mapping=mapping)
-    parts = [part for block in blocks(graph) for part in dp.parts(graph, block)]
-    greedy = GreedyScheduler(8)
-    greedy_stages = [greedy.stages(graph, part) for part in parts]
+    by_sum, summed, greedy = _options(graph, mapping)
+    all_greedy = [stage for stages in greedy for stage in stages]
+    assert list(by_sum.stages) != all_greedy
 
-    by_sum = create_scheduler("dp", stream_mapping=mapping).schedule(graph, CountingCost(graph))
-    greedy_faster = OrderTimingCost(graph, _block_orders(graph, greedy_stages, mapping))
-    chosen = create_scheduler("dp", stream_mapping=mapping).schedule(graph, greedy_faster)
-    assert list(chosen.stages) == [stage for stages in greedy_stages for stage in stages]
+    greedy_order = _order(graph, all_greedy, mapping)
+    greedy_fastest = OrderTimingCost(graph, lambda order: 0.0 if order == greedy_order else 1.0)
+    chosen = create_scheduler("dp", stream_mapping=mapping).schedule(graph, greedy_fastest)
+    assert list(chosen.stages) == all_greedy and chosen.stats["plan_ms"] == 0.0
     differing = chosen.stats["blocks_timed"]
-    assert differing == chosen.stats["blocks_greedy"] == len(greedy_faster.orders) // 2 > 0
+    assert differing == chosen.stats["blocks_greedy"] == len(greedy_fastest.orders) - 2 > 0
 
-    searched_faster = OrderTimingCost(graph, set())
-    kept = create_scheduler("dp", stream_mapping=mapping).schedule(graph, searched_faster)
-    assert kept.stats["blocks_greedy"] == 0 and kept.stats["blocks_timed"] == differing
-    assert_race_free(graph, make_plan(graph, list(kept.order), "dp"))
-    assert by_sum.stats["blocks_timed"] == 0  # CountingCost times no orders: stage sums decide
-    as_ios = create_scheduler("dp", stream_mapping=mapping, time_orders=False).schedule(graph, greedy_faster)
+    sum_order = _order(graph, by_sum.stages, mapping)
+    sum_fastest = OrderTimingCost(graph, lambda order: 0.0 if order == sum_order else 1.0)
+    kept = create_scheduler("dp", stream_mapping=mapping).schedule(graph, sum_fastest)
+    assert kept.stages == by_sum.stages and kept.stats["blocks_timed"] == differing
+
+    last = max(index for index, stages in enumerate(summed) if stages != greedy[index])
+    mixed = [stage for index in range(len(summed)) for stage in (greedy if index == last else summed)[index]]
+    mixed_order = _order(graph, mixed, mapping)
+    one_switched = OrderTimingCost(graph, lambda order: {mixed_order: 0.0, greedy_order: 2.0}.get(order, 1.0))
+    switched = create_scheduler("dp", stream_mapping=mapping).schedule(graph, one_switched)
+    assert list(switched.stages) == mixed and switched.stats["plan_ms"] == 0.0
+
+    simulated = OrderTimingCost(graph, _simulated_ms(graph))
+    best = create_scheduler("dp", stream_mapping=mapping).schedule(graph, simulated)
+    assert best.stats["plan_ms"] == min(simulated.orders.values()) == simulated.orders[best.order]
+    assert best.stats["plan_ms"] <= min(simulated.orders[sum_order], simulated.orders[greedy_order])
+    assert_race_free(graph, make_plan(graph, list(best.order), "dp"))
+
+    assert by_sum.stats["blocks_timed"] == 0 and "plan_ms" not in by_sum.stats  # stage sums decide
+    as_ios = create_scheduler("dp", stream_mapping=mapping, time_orders=False).schedule(graph, simulated)
     assert as_ios.stats["blocks_timed"] == 0 and as_ios.stages == by_sum.stages

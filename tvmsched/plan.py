@@ -129,15 +129,13 @@ def _merge(clock: dict[int, int], other: dict[int, int]) -> None:
             clock[stream] = index
 
 
-def add_waits(graph: KernelGraph, order: list[tuple[int, int]], done: frozenset[int] = frozenset()
-              ) -> tuple[Launch, ...]:
+def add_waits(graph: KernelGraph, order: list[tuple[int, int]]) -> tuple[Launch, ...]:
     """Launches for a (kernel, stream) issue order, each waiting only for the producers on other streams
-    that stream order and earlier waits do not already make complete (latest producers first). The
-    kernels in `done` count as complete before the order starts (an order of part of the graph)."""
+    that stream order and earlier waits do not already make complete (latest producers first)."""
     issued = HappensBefore()
     launches = []
     for kernel, stream in order:
-        producers = graph.dependencies(kernel) - done
+        producers = graph.dependencies(kernel)
         if not producers <= issued.issued.keys():
             raise GraphError(f"order issues kernel {kernel} before its producers "
                              f"{sorted(producers - issued.issued.keys())}")

@@ -10,8 +10,8 @@ split in two at the depth level nearest its middle, so both halves keep the bloc
 and each half is searched alone.
 With a cost source other than the analytic model (measurements), an analytic search of the same block
 guides the real one: per state only the `measure_top` ending sets the model ranks best are measured.
-Each block's stages are finally checked against greedy's (IOS's baseline), timed as whole orders where
-the cost source can (docs/schedulers.md), and greedy's are kept where they run faster.
+Each part's searched stages are finally checked against greedy's (IOS's baseline): by stage sums, or where
+the cost source can time whole orders, in the whole plan as executed (docs/schedulers.md).
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ class DynamicProgrammingScheduler(Scheduler):
         self.cost = cost
         self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "measurements": 0,
                       "blocks_timed": 0, "blocks_greedy": 0, "modeled_ms": 0.0}
-        stages: list[Stage] = []
+        options = []
         for block in blocks(graph):
             for part in self.parts(graph, block):
-                part_stages = self._block_stages(graph, part, cost, stages)
-                stages.extend(part_stages)
-                self.stats["modeled_ms"] += _latency(part_stages, cost)
+                options.append(self._part_options(graph, part, cost))
+                self.stats["modeled_ms"] += min(_latency(stages, cost) for stages in options[-1])
                 self.report()
+        stages = self._choose(graph, options, cost)
+        self.stats["modeled_ms"] = _latency(stages, cost)
         self.stats["measurements"] = cost.measured
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return Schedule.from_stages(stages, dict(self.stats), graph, self.stream_mapping)
@@ -74,37 +75,52 @@ class DynamicProgrammingScheduler(Scheduler):
         first, second = split(graph, block)
         return self.parts(graph, first) + self.parts(graph, second)
 
-    def _block_stages(self, graph: KernelGraph, block: list[int], cost: CostModel,
-                      before: list[Stage]) -> list[Stage]:
-        """The block's best stages: the search's, or greedy's where greedy's run faster, so dp is never
-        worse than greedy. Where the cost source can time whole orders (measurements), the two are
-        compared as the executor runs them, without barriers between stages, in which greedy's
-        one-kernel groups can overlap across stages more than the searched stages' chains; else (or
-        with time_orders=False, as IOS) by the sum of their stage latencies, which the search
-        minimizes. `before` are the stages chosen for the blocks before."""
+    def _part_options(self, graph: KernelGraph, part: list[int], cost: CostModel
+                      ) -> tuple[list[Stage], list[Stage]]:
+        """The part's searched stages and greedy's."""
         guide = None
         if not isinstance(cost, AnalyticCost):
-            guide = _BlockSearch(graph, block, AnalyticCost(graph), self)
-        searched = _BlockSearch(graph, block, cost, self, guide).run()
+            guide = _BlockSearch(graph, part, AnalyticCost(graph), self)
+        searched = _BlockSearch(graph, part, cost, self, guide).run()
         self.stats["blocks"] += 1
-        greedy = GreedyScheduler(self.max_streams).stages(graph, block)
-        if searched == greedy:
-            return searched
-        executed = ([cost.order_latency(self.issued_after(graph, before, stages))
-                     for stages in (searched, greedy)] if self.time_orders else [None])
-        if None in executed:
-            return min(searched, greedy, key=lambda stages: _latency(stages, cost))
-        self.stats["blocks_timed"] += 1
-        if executed[1] < executed[0]:
-            self.stats["blocks_greedy"] += 1
-            return greedy
-        return searched
+        return searched, GreedyScheduler(self.max_streams).stages(graph, part)
 
-    def issued_after(self, graph: KernelGraph, before: list[Stage], stages: list[Stage]) -> tuple:
-        """The (kernel, stream) order of `stages` as the plan issues them after `before` (the stream
-        mapping depends on the stages before)."""
-        order = Schedule.from_stages([*before, *stages], graph=graph, mapping=self.stream_mapping).order
-        return order[sum(len(stage.kernels) for stage in before):]
+    def _choose(self, graph: KernelGraph, options: list[tuple[list[Stage], list[Stage]]], cost: CostModel
+                ) -> list[Stage]:
+        """Per part, its searched stages or greedy's, so dp is never worse than greedy. By the sum of
+        their stage latencies, which the search minimizes (IOS's rule, also with time_orders=False); but
+        where the cost source times whole orders (measurements), as the executor runs the whole plan:
+        without barriers between stages, in which greedy's one-kernel groups can overlap across stages
+        more than the searched stages' chains. Then the faster plan of the stage-sum choice and all of
+        greedy's stages is the start, and each part whose two options differ is switched to its other
+        option where the whole plan runs faster."""
+        picks = [int(_latency(greedy, cost) < _latency(searched, cost)) for searched, greedy in options]
+        plan_ms = self._plan_ms(graph, options, picks, cost) if self.time_orders else None
+        if plan_ms is not None:
+            greedy_picks = [1] * len(options)
+            greedy_ms = self._plan_ms(graph, options, greedy_picks, cost)
+            if greedy_ms < plan_ms:
+                picks, plan_ms = greedy_picks, greedy_ms
+            for index, (searched, greedy) in enumerate(options):
+                if searched == greedy:
+                    continue
+                trial = picks[:index] + [1 - picks[index]] + picks[index + 1:]
+                trial_ms = self._plan_ms(graph, options, trial, cost)
+                self.stats["blocks_timed"] += 1
+                if trial_ms < plan_ms:
+                    picks, plan_ms = trial, trial_ms
+                self.report()
+            self.stats["plan_ms"] = plan_ms
+        self.stats["blocks_greedy"] = sum(pick and searched != greedy
+                                          for pick, (searched, greedy) in zip(picks, options))
+        return _picked(options, picks)
+
+    def _plan_ms(self, graph: KernelGraph, options: list[tuple[list[Stage], list[Stage]]], picks: list[int],
+                 cost: CostModel) -> float | None:
+        """The whole plan of these picks (1: greedy's stages) timed as the executor runs it; None where
+        the cost source times stages only."""
+        schedule = Schedule.from_stages(_picked(options, picks), graph=graph, mapping=self.stream_mapping)
+        return cost.order_latency(schedule.order)
 
     def report(self) -> None:
         """Pass the search's counters to `search_progress`; `modeled_ms` covers the blocks finished so far."""
@@ -246,6 +262,11 @@ class _BlockSearch:
             unvisited &= ~component
             groups.append(tuple(self.block[i] for i in range(len(self.block)) if component >> i & 1))
         return tuple(sorted(groups))
+
+
+def _picked(options: list[tuple[list[Stage], list[Stage]]], picks: list[int]) -> list[Stage]:
+    """The stages of each part's picked option, in order."""
+    return [stage for pick, pair in zip(picks, options) for stage in pair[pick]]
 
 
 def _latency(stages: list[Stage], cost: CostModel) -> float:
