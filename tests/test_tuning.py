@@ -168,10 +168,12 @@ def test_time_budget_stops_and_keeps_records(tmp_path, branchy_model):
     assert result.tasks[0].default_ms == defaults[result.tasks[0].workload]  # measured once
 
 
-@pytest.mark.parametrize("concurrent,how", [(1, "signal"), (2, "signal"), (2, "raise")])
+@pytest.mark.parametrize("concurrent,how", [(1, signal.SIGINT), (2, signal.SIGINT), (2, "raise"),
+                                            (1, signal.SIGTERM)])
 def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurrent, how):
-    """Ctrl-C (a SIGINT, or a KeyboardInterrupt from the progress callback) stops the run after the
-    batches in flight; every measured record is in the log and counted in the manifest."""
+    """Ctrl-C (a SIGINT, or a KeyboardInterrupt from the progress callback) or a SIGTERM (`timeout`) stops
+    the run after the batches in flight; every measured record is in the log and counted in the
+    manifest."""
     log = TuningLog.for_target(LLVM, tmp_path)
     batches = []
 
@@ -180,7 +182,7 @@ def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurren
         if len(batches) == 2 and how == "raise":
             raise KeyboardInterrupt
         if len(batches) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), how)
 
     with pytest.raises(KeyboardInterrupt):
         tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, concurrent=concurrent, **FAST),
@@ -190,6 +192,7 @@ def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurren
     assert trials == len(lines(log.records_path)) == batches[-1] >= batches[1] > 0
     assert trials < 4 * len(manifest["workloads"])  # stopped early
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's again
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_kernels_tuned_at_once_keep_their_records_apart(tmp_path, branchy_model):

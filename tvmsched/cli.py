@@ -108,14 +108,15 @@ def _add_tune_command(commands) -> None:
         description="Tune every unique kernel of the models with MetaSchedule and append the measured "
                     "records to tuning_logs/<target key>/ (or --log), which every later build for that "
                     "target applies. Rerunning continues: kernels that already have --trials trials are "
-                    "skipped. Ctrl-C or --time-budget stops early and keeps every measured record.")
+                    "skipped. Ctrl-C, SIGTERM or --time-budget stops early and keeps every measured record.")
     tune.add_argument("models", nargs="*", metavar="MODEL", help=".onnx files or zoo model names")
     tune.add_argument("--zoo", nargs="+", default=[], metavar="NAME", help="zoo models to tune (or 'all')")
     _add_model_flags(tune)
     tune.add_argument("--trials", type=int, default=64,
                       help="measured candidates per unique kernel, over all runs (default 64)")
     tune.add_argument("--time-budget", type=_duration, default=None, metavar="8m",
-                      help="stop after this long (s, m or h; default: no limit)")
+                      help="start no new batch of trials after this long (s, m or h; default: no limit); "
+                           "the batches in flight and saving the log take up to a minute more")
     tune.add_argument("--search", choices=SEARCH_STRATEGIES, default="evolutionary",
                       help="MetaSchedule search strategy (default evolutionary)")
     tune.add_argument("--population", type=int, default=TuneOptions.population,

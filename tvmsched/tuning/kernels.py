@@ -54,9 +54,10 @@ class RunControl:
 
     @contextmanager
     def interrupts(self):
-        """While the run is on, the first Ctrl-C stops it after the batches in flight and the second at
-        once. (TVM hands a KeyboardInterrupt raised in Python code it calls back as an unnamed error, so the
-        run cannot wait for one.) Only the main thread takes signals; elsewhere Ctrl-C is left alone."""
+        """While the run is on, the first Ctrl-C (or SIGTERM, as `timeout` and job schedulers send) stops
+        it after the batches in flight and the second at once. (TVM hands a KeyboardInterrupt raised in
+        Python code it calls back as an unnamed error, so the run cannot wait for one.) Only the main
+        thread takes signals; elsewhere they are left alone."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -66,11 +67,13 @@ class RunControl:
                 raise KeyboardInterrupt
             self.interrupt()
 
-        previous = signal.signal(signal.SIGINT, first_stops_then_raise)
+        previous = {number: signal.signal(number, first_stops_then_raise)
+                    for number in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for number, handler in previous.items():
+                signal.signal(number, handler)
 
     def fail(self, error: BaseException) -> None:
         if self.error is None:
