@@ -6,9 +6,10 @@ Prints a table and writes JSON.
     python -m experiments.ab --out /tmp/ab.json --option time_orders=false,true --models inception_v3
 
 `stream_mapping` is the streams stage schedules (greedy, dp) give their groups: `index` (group i on stream
-i) or `affinity` (docs/schedulers.md); `time_orders` is whether dp checks each block against greedy's
-stages as whole orders. The stream_mapping*_h100.json results were written by this module under its
-former name, experiments.stream_mapping, which compared the stream mappings only.
+i) or `affinity` (docs/schedulers.md); `time_orders` is whether dp chooses between each part's searched
+stages and greedy's by timing the whole plan (else by stage sums, as IOS). The stream_mapping*_h100.json
+results were written by this module under its former name, experiments.stream_mapping, which compared
+the stream mappings only.
 """
 
 from __future__ import annotations

@@ -251,8 +251,8 @@ def main() -> int:
     parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=DEFAULT_STREAM_MAPPING,
                         help="streams of greedy's and dp's groups (docs/schedulers.md)")
     parser.add_argument("--stage-sums", action="store_true",
-                        help="dp compares its blocks with greedy's by stage sums, as IOS, instead of as "
-                             "whole orders timed on the GPU (docs/schedulers.md)")
+                        help="dp chooses between its parts' stages and greedy's by stage sums, as IOS, "
+                             "instead of by timing the whole plan on the GPU (docs/schedulers.md)")
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=1e-4,
                         help="largest relative difference from PyTorch's output that counts as a match")

@@ -184,9 +184,9 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                         help="dp: split a block whose search has more sets of kernels than this (default "
                              "1024; larger searches longer for schedules that are rarely better)")
     parser.add_argument("--stage-sums", action="store_true",
-                        help="dp: compare each block's searched stages with greedy's by the sum of their "
-                             "stage latencies, as IOS, instead of timing both as whole orders on the GPU "
-                             "(the executed plan has no barriers between stages; docs/schedulers.md)")
+                        help="dp: choose each part's searched or greedy's stages by the sum of their "
+                             "stage latencies, as IOS, instead of timing the whole plan on the GPU (the "
+                             "executed plan has no barriers between stages; docs/schedulers.md)")
     parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=DEFAULT_STREAM_MAPPING,
                         help="greedy and dp: the stream of each group of a stage; affinity (default): a "
                              "stream whose last kernel the group reads, else the one idle longest, so fewer "

@@ -35,6 +35,11 @@ def check(result):
     return values[0] if len(values) == 1 else values
 
 
+def _waited_on(launches: tuple[Launch, ...]) -> set[int]:
+    """The kernels some launch waits on: only these record an event."""
+    return {producer for launch in launches for producer in launch.waits}
+
+
 @register_executor("streams")
 class StreamsExecutor(Executor):
     """Launches live on several CUDA streams with event waits: no capture, for debugging."""
@@ -46,8 +51,8 @@ class StreamsExecutor(Executor):
             raise TargetError(f"the '{self.name}' executor needs a CUDA device; use 'sequential' on the CPU")
         self.streams = [check(cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking))
                         for _ in range(self.plan.num_streams)]
-        signaled = {producer for launch in self.plan.launches for producer in launch.waits}
-        self.events = {kernel: self._event() for kernel in signaled}
+        self.waited_on = _waited_on(self.plan.launches)
+        self.events = {kernel: self._event() for kernel in self.waited_on}
         self.fork_event = self._event()
         self.join_events = [self._event() for _ in self.streams[1:]]
         self.calls = {kernel.id: self.kernel_call(kernel.id) for kernel in self.graph.kernels}
@@ -67,8 +72,8 @@ class StreamsExecutor(Executor):
         check(cudart.cudaEventRecord(self.fork_event, main))
         for stream in self.streams[1:]:
             check(cudart.cudaStreamWaitEvent(stream, self.fork_event, 0))
-        launches = self.plan.launches if launches is None else launches
-        signaled = {producer for launch in launches for producer in launch.waits}
+        launches, waited_on = ((self.plan.launches, self.waited_on) if launches is None
+                               else (launches, _waited_on(launches)))
         for launch in launches:
             stream = self.streams[launch.stream]
             for producer in launch.waits:
@@ -80,7 +85,7 @@ class StreamsExecutor(Executor):
                 function(*arguments)
             if timing:
                 self._record_timing(timing[launch.kernel][1], stream)
-            if launch.kernel in signaled:
+            if launch.kernel in waited_on:
                 check(cudart.cudaEventRecord(self.events[launch.kernel], stream))
         for stream, event in zip(self.streams[1:], self.join_events):
             check(cudart.cudaEventRecord(event, stream))

@@ -56,14 +56,16 @@ class DynamicProgrammingScheduler(Scheduler):
         self.cost = cost
         self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "measurements": 0,
                       "blocks_timed": 0, "blocks_greedy": 0, "modeled_ms": 0.0}
-        options = []
+        options, sums = [], []
         for block in blocks(graph):
             for part in self.parts(graph, block):
                 options.append(self._part_options(graph, part, cost))
-                self.stats["modeled_ms"] += min(_latency(stages, cost) for stages in options[-1])
+                sums.append(tuple(_latency(stages, cost) for stages in options[-1]))
+                self.stats["modeled_ms"] += min(sums[-1])
                 self.report()
-        stages = self._choose(graph, options, cost)
-        self.stats["modeled_ms"] = _latency(stages, cost)
+        picks = self._choose(graph, options, sums, cost)
+        self.stats["modeled_ms"] = sum(pair[pick] for pick, pair in zip(picks, sums))
+        stages = _picked(options, picks)
         self.stats["measurements"] = cost.measured
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return Schedule.from_stages(stages, dict(self.stats), graph, self.stream_mapping)
@@ -85,16 +87,17 @@ class DynamicProgrammingScheduler(Scheduler):
         self.stats["blocks"] += 1
         return searched, GreedyScheduler(self.max_streams).stages(graph, part)
 
-    def _choose(self, graph: KernelGraph, options: list[tuple[list[Stage], list[Stage]]], cost: CostModel
-                ) -> list[Stage]:
-        """Per part, its searched stages or greedy's, so dp is never worse than greedy. By the sum of
-        their stage latencies, which the search minimizes (IOS's rule, also with time_orders=False); but
-        where the cost source times whole orders (measurements), as the executor runs the whole plan:
+    def _choose(self, graph: KernelGraph, options: list[tuple[list[Stage], list[Stage]]],
+                sums: list[tuple[float, float]], cost: CostModel) -> list[int]:
+        """Per part, 0 for its searched stages or 1 for greedy's, so dp is never worse than greedy. By the
+        sums of their stage latencies (`sums`), which the search minimizes (IOS's rule, also with
+        time_orders=False); but where the cost source times whole orders (measurements), as the executor
+        runs the whole plan:
         without barriers between stages, in which greedy's one-kernel groups can overlap across stages
         more than the searched stages' chains. Then the faster plan of the stage-sum choice and all of
         greedy's stages is the start, and each part whose two options differ is switched to its other
         option where the whole plan runs faster."""
-        picks = [int(_latency(greedy, cost) < _latency(searched, cost)) for searched, greedy in options]
+        picks = [int(greedy < searched) for searched, greedy in sums]
         plan_ms = self._plan_ms(graph, options, picks, cost) if self.time_orders else None
         if plan_ms is not None:
             greedy_picks = [1] * len(options)
@@ -113,7 +116,7 @@ class DynamicProgrammingScheduler(Scheduler):
             self.stats["plan_ms"] = plan_ms
         self.stats["blocks_greedy"] = sum(pick and searched != greedy
                                           for pick, (searched, greedy) in zip(picks, options))
-        return _picked(options, picks)
+        return picks
 
     def _plan_ms(self, graph: KernelGraph, options: list[tuple[list[Stage], list[Stage]]], picks: list[int],
                  cost: CostModel) -> float | None:
