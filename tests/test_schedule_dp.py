@@ -231,3 +231,25 @@ def test_parts_are_chosen_by_timing_the_whole_plan(mapping):
     assert by_sum.stats["blocks_timed"] == 0 and "plan_ms" not in by_sum.stats  # stage sums decide
     as_ios = create_scheduler("dp", stream_mapping=mapping, time_orders=False).schedule(graph, simulated)
     assert as_ios.stats["blocks_timed"] == 0 and as_ios.stages == by_sum.stages
+
+
+@pytest.mark.parametrize("mapping", ["index", "affinity"])
+def test_greedy_plan_of_the_whole_graph_is_taken_where_it_runs_faster(mapping):
+    """Greedy's stages of the parts a block was split into are not greedy's stages of the block: where
+    greedy's plan of the whole graph times faster than the plan chosen part by part, dp returns it."""
+    graph = random_graph(num_kernels=40, seed=5)
+    dp = create_scheduler("dp", stream_mapping=mapping, max_states=64)
+    parts = [part for block in blocks(graph) for part in dp.parts(graph, block)]
+    whole = GreedyScheduler(8).stages(graph, [kernel.id for kernel in graph.kernels])
+    assert whole != [stage for part in parts for stage in GreedyScheduler(8).stages(graph, part)]
+    whole_order = _order(graph, whole, mapping)
+
+    faster = OrderTimingCost(graph, lambda order: 0.5 if order == whole_order else 1.0)
+    taken = dp.schedule(graph, faster)
+    assert taken.order == GreedyScheduler(8, stream_mapping=mapping).schedule(graph, faster).order
+    assert taken.stats["greedy_plan"] and taken.stats["plan_ms"] == 0.5
+    assert taken.stats["modeled_ms"] == pytest.approx(sum(faster.stage_latency(s.groups) for s in whole))
+
+    slower = OrderTimingCost(graph, lambda order: 1.0 if order == whole_order else 0.5)
+    kept = dp.schedule(graph, slower)
+    assert whole_order in slower.orders and not kept.stats["greedy_plan"] and kept.order != whole_order

@@ -11,7 +11,8 @@ and each half is searched alone.
 With a cost source other than the analytic model (measurements), an analytic search of the same block
 guides the real one: per state only the `measure_top` ending sets the model ranks best are measured.
 Each part's searched stages are finally checked against greedy's (IOS's baseline): by stage sums, or where
-the cost source can time whole orders, in the whole plan as executed (docs/schedulers.md).
+the cost source can time whole orders, in the whole plan as executed, which is then also checked against
+greedy's plan of the whole graph (docs/schedulers.md).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class DynamicProgrammingScheduler(Scheduler):
                 self.report()
         picks = self._choose(graph, options, sums, cost)
         self.stats["modeled_ms"] = sum(pair[pick] for pick, pair in zip(picks, sums))
-        stages = _picked(options, picks)
+        stages = self._or_greedy(graph, _picked(options, picks), cost)
         self.stats["measurements"] = cost.measured
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return Schedule.from_stages(stages, dict(self.stats), graph, self.stream_mapping)
@@ -98,17 +99,17 @@ class DynamicProgrammingScheduler(Scheduler):
         greedy's stages is the start, and each part whose two options differ is switched to its other
         option where the whole plan runs faster."""
         picks = [int(greedy < searched) for searched, greedy in sums]
-        plan_ms = self._plan_ms(graph, options, picks, cost) if self.time_orders else None
+        plan_ms = self._plan_ms(graph, _picked(options, picks), cost) if self.time_orders else None
         if plan_ms is not None:
             greedy_picks = [1] * len(options)
-            greedy_ms = self._plan_ms(graph, options, greedy_picks, cost)
+            greedy_ms = self._plan_ms(graph, _picked(options, greedy_picks), cost)
             if greedy_ms < plan_ms:
                 picks, plan_ms = greedy_picks, greedy_ms
             for index, (searched, greedy) in enumerate(options):
                 if searched == greedy:
                     continue
                 trial = picks[:index] + [1 - picks[index]] + picks[index + 1:]
-                trial_ms = self._plan_ms(graph, options, trial, cost)
+                trial_ms = self._plan_ms(graph, _picked(options, trial), cost)
                 self.stats["blocks_timed"] += 1
                 if trial_ms < plan_ms:
                     picks, plan_ms = trial, trial_ms
@@ -118,11 +119,24 @@ class DynamicProgrammingScheduler(Scheduler):
                                           for pick, (searched, greedy) in zip(picks, options))
         return picks
 
-    def _plan_ms(self, graph: KernelGraph, options: list[tuple[list[Stage], list[Stage]]], picks: list[int],
-                 cost: CostModel) -> float | None:
-        """The whole plan of these picks (1: greedy's stages) timed as the executor runs it; None where
-        the cost source times stages only."""
-        schedule = Schedule.from_stages(_picked(options, picks), graph=graph, mapping=self.stream_mapping)
+    def _or_greedy(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> list[Stage]:
+        """`stages`, or greedy's stages of the whole graph where whole plans were timed and greedy's runs
+        faster: greedy's stages of the parts a block was split into are not greedy's stages of the block,
+        whose waves run across the split (stat `greedy_plan`)."""
+        if "plan_ms" not in self.stats:
+            return stages
+        whole = GreedyScheduler(self.max_streams).stages(graph, [kernel.id for kernel in graph.kernels])
+        whole_ms = self._plan_ms(graph, whole, cost) if whole != stages else float("inf")
+        self.stats["greedy_plan"] = whole_ms < self.stats["plan_ms"]
+        if not self.stats["greedy_plan"]:
+            return stages
+        self.stats.update(plan_ms=whole_ms, modeled_ms=_latency(whole, cost))
+        return whole
+
+    def _plan_ms(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> float | None:
+        """The whole plan of `stages` timed as the executor runs it; None where the cost source times
+        stages only."""
+        schedule = Schedule.from_stages(stages, graph=graph, mapping=self.stream_mapping)
         return cost.order_latency(schedule.order)
 
     def report(self) -> None:
