@@ -84,3 +84,16 @@ def test_build_passes_the_dp_options(monkeypatch, flags, time_orders):
     args = ["build", "squeezenet", "-o", "unused", "--schedule", "dp", "--max-states", "64", *flags]
     assert main(args) == 2
     assert seen["time_orders"] is time_orders and seen["max_states"] == 64 and seen["schedule"] == "dp"
+
+
+def test_tune_reports_kernels_that_got_no_candidate():
+    """A kernel whose search produced nothing to measure is named, not left out of the run's output."""
+    from tvmsched.cli import _kernel_line
+    from tvmsched.tuning.tune import TaskProgress
+
+    task = TaskProgress("fused_conv2d", "w1", weight=2, flops=1, bytes=1, trials_before=0, default_ms=0.25,
+                        seconds=95.2, exhausted=True, state="done")
+    assert _kernel_line(task) == ("  fused_conv2d (x2): the search found no candidate to measure in 95 s; it "
+                                  "keeps the default schedule (default 0.2500 ms) and later runs skip it")
+    task.trials, task.best_ms = 16, 0.125
+    assert _kernel_line(task) == "  fused_conv2d (x2): 16 trials, best 0.1250 ms (default 0.2500 ms)"

@@ -366,12 +366,10 @@ def _tune_reporter(bar, row, trials: int):
 
     def report(result, finished: bool = False) -> None:
         for index, task in enumerate(result.tasks):
-            if (task.state in ("done", "stopped") or finished) and index not in printed and task.trials:
+            ended = task.state in ("done", "stopped") or finished
+            if ended and index not in printed and (task.trials or task.exhausted):
                 printed.add(index)
-                best = f"best {task.best_ms:.4f} ms" if task.best_ms is not None else "no valid candidate"
-                default = f" (default {task.default_ms:.4f} ms)" if task.default_ms is not None else ""
-                total = task.trials_before + task.trials
-                bar.console.print(f"  {task.name} (x{task.weight}): {total} trials, {best}{default}")
+                bar.console.print(_kernel_line(task))
         done = sum(task.state == "done" for task in result.tasks)
         tuning = sum(task.state == "tuning" for task in result.tasks)
         status = f"{done}/{len(result.tasks)} kernels done, {tuning} tuning"
@@ -382,6 +380,17 @@ def _tune_reporter(bar, row, trials: int):
         bar.update(row, completed=result.trials, status=status,
                    total=sum(trials - task.trials_before for task in result.tasks))
     return report
+
+
+def _kernel_line(task) -> str:
+    """How one kernel's tuning ended, for the run's output."""
+    default = f" (default {task.default_ms:.4f} ms)" if task.default_ms is not None else ""
+    total = task.trials_before + task.trials
+    if not total:  # exhausted before its first batch
+        return (f"  {task.name} (x{task.weight}): the search found no candidate to measure in "
+                f"{task.seconds:.0f} s; it keeps the default schedule{default} and later runs skip it")
+    best = f"best {task.best_ms:.4f} ms" if task.best_ms is not None else "no valid candidate"
+    return f"  {task.name} (x{task.weight}): {total} trials, {best}{default}"
 
 
 if __name__ == "__main__":
