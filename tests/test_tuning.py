@@ -100,6 +100,25 @@ def test_build_keeps_the_default_where_tuning_measured_slower(tuned_log, tmp_pat
     assert set(model.meta.tuned_kernels) == set(reference.meta.tuned_kernels) - symbols != set()
 
 
+def test_a_run_raising_trials_tunes_first_where_builds_spend_the_time(tuned_log, tmp_path, branchy_model):
+    """Resumed with more trials, kernels are ordered by weight × the latency a build gets now (the faster
+    of default and best tuned), not by the default: a kernel that tuning already made fast goes last."""
+    log, _ = tuned_log
+    copy = TuningLog(shutil.copytree(log.directory, tmp_path / LLVM.key), LLVM.key)
+    manifest = copy.manifest()
+    keys = sorted(manifest["workloads"])
+    for rank, key in enumerate(keys):  # the last key has the slowest default, but tuning made it fastest
+        manifest["workloads"][key].update(default_ms=1.0 + rank, best_ms=1e-3 if key == keys[-1] else 5.0)
+    copy.write_manifest(manifest, manifest["device"])
+    result = tune(lowered(branchy_model), LLVM, copy, TuneOptions(trials=3, time_budget_s=0.0, **FAST))
+    latency = {key: min(1.0 + rank, 1e-3 if key == keys[-1] else 5.0) for rank, key in enumerate(keys)}
+    weights = {task.workload: task.weight for task in result.tasks}
+    expected = sorted(keys, key=lambda key: -weights[key] * latency[key])
+    assert [task.workload for task in result.tasks] == expected and expected[-1] == keys[-1]
+    # builds' latency now, lowered by whatever this run measured before its budget stopped it
+    assert 0 < result.estimated_ms <= sum(weights[key] * latency[key] for key in keys) + 1e-9
+
+
 def test_rerun_skips_done_kernels_and_adds_no_duplicate_workloads(tuned_log, branchy_model):
     log, first = tuned_log
     workloads = lines(log.workloads_path)

@@ -92,18 +92,26 @@ class TaskProgress:
     trials_before: int
     default_ms: float | None = None  # the default schedule's latency, measured once per log
     trials: int = 0  # this run
-    best_ms: float | None = None
+    best_ms: float | None = None  # this run's
+    best_ms_before: float | None = None  # earlier runs'
     seconds: float = 0.0  # this run
     seconds_before: float = 0.0  # spent tuning it in earlier runs
     exhausted: bool = False  # the search ran out of new candidates before `trials`
     state: str = "waiting"  # then "tuning", then "done" (all its trials, or exhausted) or "stopped"
 
     @property
+    def latency_ms(self) -> float | None:
+        """The latency a build gets now: the fastest of the default and the best tuned so far (None before
+        any is measured)."""
+        known = [ms_ for ms_ in (self.default_ms, self.best_ms_before, self.best_ms) if ms_ is not None]
+        return min(known, default=None)
+
+    @property
     def priority(self) -> float:
-        """Weight × latency (the default schedule's where measured, else the analytic model's estimate):
-        the order in which kernels are tuned."""
-        latency = self.default_ms if self.default_ms is not None else kernel_alone(self.flops, self.bytes)[0]
-        return self.weight * latency
+        """Weight × latency (`latency_ms`, else the analytic model's estimate): the order in which kernels
+        are tuned, so a run that raises --trials goes first where builds still spend the time."""
+        latency = self.latency_ms
+        return self.weight * (latency if latency is not None else kernel_alone(self.flops, self.bytes)[0])
 
 
 @dataclass
@@ -123,10 +131,10 @@ class TuneResult:
 
     @property
     def estimated_ms(self) -> float | None:
-        """Σ weight × latency over this run's kernels, each at its best measured so far, else at its default
-        (None before any measurement)."""
-        known = [task.best_ms if task.best_ms is not None else task.default_ms for task in self.tasks]
-        return sum(task.weight * ms_ for task, ms_ in zip(self.tasks, known) if ms_ is not None) or None
+        """Σ weight × latency over this run's kernels, each at its `latency_ms` (None before any
+        measurement)."""
+        known = [(task.weight, task.latency_ms) for task in self.tasks]
+        return sum(weight * ms_ for weight, ms_ in known if ms_ is not None) or None
 
     @property
     def default_ms(self) -> float | None:
@@ -146,8 +154,9 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
     """Tune the kernels of one or several lowered models for `spec` into `log`.
 
     First the default schedule of every kernel not measured before is measured (kept in the manifest);
-    then kernels are tuned the slowest in total first over all models (weight × default latency), so a
-    time budget goes where it matters. `progress` is called after every measured batch."""
+    then kernels are tuned the slowest in total first over all models (weight × the latency a build gets
+    now: the default's, or the best tuned so far where faster), so a time budget goes where it matters.
+    `progress` is called after every measured batch."""
     modules = [lowered] if isinstance(lowered, LoweredModule) else list(lowered)
     with log.locked():
         manifest = log.manifest()
@@ -255,6 +264,7 @@ def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: d
                 unique[key] = (TaskProgress(task.task_name, key, int(task.weight),
                                             int(estimate_tir_flops(function)), _traffic(function["main"]),
                                             entry.get("trials", 0), entry.get("default_ms"),
+                                            best_ms_before=entry.get("best_ms"),
                                             seconds_before=entry.get("seconds", 0.0)), _anonymous(task))
     return [task for task, _ in unique.values()], [task for _, task in unique.values()], len(skipped)
 
