@@ -67,3 +67,4 @@ def test_measured_cost_times_whole_plans_and_caches_them(tmp_path, monkeypatch):
     assert again == timed and cost.measured == before + 2
     with pytest.raises(GraphError, match="before its producers"):
         cost.order_latency(order[len(order) // 2:])
+    assert timed[0] == pytest.approx(model.benchmark()["median_ms"], rel=0.15)  # timed as the benchmark

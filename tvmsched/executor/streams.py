@@ -7,14 +7,16 @@ inferences and is the one stream a caller synchronizes with.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 
+import numpy as np
 import tvm_ffi
 
 from tvmsched.errors import TargetError
 from tvmsched.executor.base import Executor, TraceEvent, register_executor
 from tvmsched.memory import MemoryPlan
-from tvmsched.plan import Launch, add_waits
+from tvmsched.plan import Launch, make_plan
 
 
 def _cudart():
@@ -56,6 +58,13 @@ class StreamsExecutor(Executor):
         self.fork_event = self._event()
         self.join_events = [self._event() for _ in self.streams[1:]]
         self.calls = {kernel.id: self.kernel_call(kernel.id) for kernel in self.graph.kernels}
+
+    def close(self) -> None:
+        """Destroy the executor's CUDA events and streams; it cannot run afterwards."""
+        for event in [*self.events.values(), self.fork_event, *self.join_events]:
+            check(self.cudart.cudaEventDestroy(event))
+        for stream in self.streams:
+            check(self.cudart.cudaStreamDestroy(stream))
 
     def _event(self, timing: bool = False):
         flags = self.cudart.cudaEventDefault if timing else self.cudart.cudaEventDisableTiming
@@ -155,10 +164,16 @@ class CudaGraphExecutor(StreamsExecutor):
         super().__init__(*args, **kwargs)
         self.issue()  # loads every kernel's module outside the capture
         self.synchronize()
-        self.graph_exec = check(self.cudart.cudaGraphInstantiate(self.capture(self.plan.launches), 0))
+        self.cuda_graph = self.capture(self.plan.launches)
+        self.graph_exec = check(self.cudart.cudaGraphInstantiate(self.cuda_graph, 0))
 
     def launch(self) -> None:
         check(self.cudart.cudaGraphLaunch(self.graph_exec, self.streams[0]))
+
+    def close(self) -> None:
+        check(self.cudart.cudaGraphExecDestroy(self.graph_exec))
+        check(self.cudart.cudaGraphDestroy(self.cuda_graph))
+        super().close()
 
     def trace(self) -> list[TraceEvent]:
         """One replay of the plan's CUDA Graph captured with timing-event nodes around each kernel."""
@@ -179,22 +194,26 @@ class CudaGraphExecutor(StreamsExecutor):
 class StageTimer(StreamsExecutor):
     """Times stages of a graph on the GPU: each stage's groups on their own streams, captured into a small
     CUDA Graph and replayed, timed with CUDA events. Every tensor has a buffer of its own, filled by one
-    full inference first so kernels read realistic data."""
+    full inference of standard-normal inputs first so kernels read realistic data. Whole plans are timed
+    as the benchmark times them (`time_order`)."""
 
     name = "stage-timer"
-    version = 3  # raised when what a timing includes changes, so cached timings of another stay apart
+    version = 4  # raised when what a timing includes changes, so cached timings of another stay apart
 
     def __init__(self, library, graph, plan, constants, device, max_groups: int = 8):
         separate = MemoryPlan(tuple(tensor.nbytes for kernel in graph.kernels for tensor in kernel.written),
                               {tensor.name: index for index, tensor in
                                enumerate(t for kernel in graph.kernels for t in kernel.written)})
         super().__init__(library, graph, replace(plan, memory=separate), constants, device)
+        self.library, self.constants = library, constants
+        rng = np.random.default_rng(0)
+        for tensor in graph.inputs:  # integer inputs (indices) stay zero, always in range
+            value = (rng.standard_normal(tensor.shape) if tensor.dtype.startswith(("float", "bfloat"))
+                     else np.zeros(tensor.shape))
+            self.buffers[tensor.name].copyfrom(value.astype(tensor.dtype))
         while len(self.streams) < max_groups:
             self.streams.append(check(self.cudart.cudaStreamCreateWithFlags(self.cudart.cudaStreamNonBlocking)))
             self.join_events.append(self._event())
-        for kernel in graph.kernels:  # any kernel may be waited on in a timed order
-            if kernel.id not in self.events:
-                self.events[kernel.id] = self._event()
         self.issue()
         self.synchronize()
         self.start, self.end = self._event(timing=True), self._event(timing=True)
@@ -204,9 +223,19 @@ class StageTimer(StreamsExecutor):
         return self._time(tuple(Launch(kernel, stream) for stream, group in enumerate(groups)
                                 for kernel in group), replays, rounds)
 
-    def time_order(self, order: tuple[tuple[int, int], ...], replays: int = 10, rounds: int = 5) -> float:
-        """`time_stage` for a whole plan's (kernel, stream) issue order, with the waits the executor adds."""
-        return self._time(add_waits(self.graph, list(order)), replays, rounds)
+    def time_order(self, order: tuple[tuple[int, int], ...], warmup: int = 10, repeat: int = 50) -> float:
+        """Median milliseconds of one inference of the plan for a (kernel, stream) issue order, taken as
+        `CompiledModel.benchmark` takes it: the plan `make_plan` makes (the executor's waits and buffer
+        plan) on the cuda-graph executor, each inference launched on an idle GPU and waited for."""
+        plan = make_plan(self.graph, list(order), "timed")
+        executor = CudaGraphExecutor(self.library, self.graph, plan, self.constants, self.device)
+        try:
+            for tensor in self.graph.inputs:
+                executor.buffers[tensor.name].copyfrom(self.buffers[tensor.name])
+            executor.time_launches(warmup)
+            return statistics.median(executor.time_launches(repeat))
+        finally:
+            executor.close()
 
     def _time(self, launches: tuple[Launch, ...], replays: int, rounds: int) -> float:
         """Median over `rounds` of the mean milliseconds of `replays` replays of `launches` as one graph."""
