@@ -208,7 +208,8 @@ def test_parts_are_chosen_by_timing_the_whole_plan(mapping):
     chosen = create_scheduler("dp", stream_mapping=mapping).schedule(graph, greedy_fastest)
     assert list(chosen.stages) == all_greedy and chosen.stats["plan_ms"] == 0.0
     differing = chosen.stats["blocks_timed"]
-    assert differing == chosen.stats["blocks_greedy"] == len(greedy_fastest.orders) - 2 > 0
+    baselines = len(chosen.stats["baselines_ms"])  # the baselines' plans that differ from the chosen one
+    assert differing == chosen.stats["blocks_greedy"] == len(greedy_fastest.orders) - 2 - baselines > 0
 
     sum_order = _order(graph, by_sum.stages, mapping)
     sum_fastest = OrderTimingCost(graph, lambda order: 0.0 if order == sum_order else 1.0)
@@ -234,22 +235,30 @@ def test_parts_are_chosen_by_timing_the_whole_plan(mapping):
 
 
 @pytest.mark.parametrize("mapping", ["index", "affinity"])
-def test_greedy_plan_of_the_whole_graph_is_taken_where_it_runs_faster(mapping):
-    """Greedy's stages of the parts a block was split into are not greedy's stages of the block: where
-    greedy's plan of the whole graph times faster than the plan chosen part by part, dp returns it."""
+@pytest.mark.parametrize("baseline", ["greedy", "opara", "nimble"])
+def test_a_baselines_plan_of_the_whole_graph_is_taken_where_it_runs_faster(mapping, baseline):
+    """Greedy's stages of the parts a block was split into are not greedy's stages of the block, and
+    Opara's and Nimble's plans have no stages: where a baseline's plan of the whole graph times faster
+    than the plan chosen part by part, dp returns it; where none does, dp keeps its own."""
     graph = random_graph(num_kernels=40, seed=5)
     dp = create_scheduler("dp", stream_mapping=mapping, max_states=64)
     parts = [part for block in blocks(graph) for part in dp.parts(graph, block)]
     whole = GreedyScheduler(8).stages(graph, [kernel.id for kernel in graph.kernels])
     assert whole != [stage for part in parts for stage in GreedyScheduler(8).stages(graph, part)]
-    whole_order = _order(graph, whole, mapping)
+    plan = (GreedyScheduler(8, stream_mapping=mapping) if baseline == "greedy"
+            else create_scheduler(baseline)).schedule(graph, AnalyticCost(graph))
 
-    faster = OrderTimingCost(graph, lambda order: 0.5 if order == whole_order else 1.0)
+    faster = OrderTimingCost(graph, lambda order: 0.5 if order == plan.order else 1.0)
     taken = dp.schedule(graph, faster)
-    assert taken.order == GreedyScheduler(8, stream_mapping=mapping).schedule(graph, faster).order
-    assert taken.stats["greedy_plan"] and taken.stats["plan_ms"] == 0.5
-    assert taken.stats["modeled_ms"] == pytest.approx(sum(faster.stage_latency(s.groups) for s in whole))
+    assert taken.order == plan.order and taken.stages == plan.stages
+    assert taken.stats["baseline_plan"] == baseline and taken.stats["plan_ms"] == 0.5
+    assert set(taken.stats["baselines_ms"]) == {"greedy", "opara", "nimble"}
+    if baseline == "greedy":
+        assert taken.stats["modeled_ms"] == pytest.approx(sum(faster.stage_latency(s.groups) for s in whole))
+    else:
+        assert "modeled_ms" not in taken.stats
+    assert_race_free(graph, make_plan(graph, list(taken.order), "dp"))
 
-    slower = OrderTimingCost(graph, lambda order: 1.0 if order == whole_order else 0.5)
+    slower = OrderTimingCost(graph, lambda order: 1.0 if order == plan.order else 0.5)
     kept = dp.schedule(graph, slower)
-    assert whole_order in slower.orders and not kept.stats["greedy_plan"] and kept.order != whole_order
+    assert plan.order in slower.orders and kept.stats["baseline_plan"] is None and kept.order != plan.order

@@ -12,7 +12,7 @@ With a cost source other than the analytic model (measurements), an analytic sea
 guides the real one: per state only the `measure_top` ending sets the model ranks best are measured.
 Each part's searched stages are finally checked against greedy's (IOS's baseline): by stage sums, or where
 the cost source can time whole orders, in the whole plan as executed, which is then also checked against
-greedy's plan of the whole graph (docs/schedulers.md).
+the baseline schedulers' plans of the whole graph (docs/schedulers.md).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from tvmsched.cost import CostModel
 from tvmsched.cost.analytic import AnalyticCost
@@ -34,6 +35,8 @@ from tvmsched.schedule.base import (
     register_scheduler,
 )
 from tvmsched.schedule.greedy import GreedyScheduler
+from tvmsched.schedule.nimble import NimbleScheduler
+from tvmsched.schedule.opara import OparaScheduler
 
 
 @register_scheduler("dp")
@@ -66,10 +69,10 @@ class DynamicProgrammingScheduler(Scheduler):
                 self.report()
         picks = self._choose(graph, options, sums, cost)
         self.stats["modeled_ms"] = sum(pair[pick] for pick, pair in zip(picks, sums))
-        stages = self._or_greedy(graph, _picked(options, picks), cost)
+        chosen = self._or_baselines(graph, _picked(options, picks), cost)
         self.stats["measurements"] = cost.measured
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
-        return Schedule.from_stages(stages, dict(self.stats), graph, self.stream_mapping)
+        return replace(chosen, stats={**chosen.stats, **self.stats})
 
     def parts(self, graph: KernelGraph, block: list[int]) -> list[list[int]]:
         """`block` split until no part has more than max_states sets to search."""
@@ -119,19 +122,34 @@ class DynamicProgrammingScheduler(Scheduler):
                                           for pick, (searched, greedy) in zip(picks, options))
         return picks
 
-    def _or_greedy(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> list[Stage]:
-        """`stages`, or greedy's stages of the whole graph where whole plans were timed and greedy's runs
-        faster: greedy's stages of the parts a block was split into are not greedy's stages of the block,
-        whose waves run across the split (stat `greedy_plan`)."""
+    def _or_baselines(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> Schedule:
+        """The plan of `stages`, or where whole plans were timed, the fastest of the baselines' plans of
+        the whole graph (greedy, Opara, Nimble) if it runs faster (stats `baseline_plan`, `baselines_ms`):
+        greedy's stages of the parts a block was split into are not greedy's stages of the block, whose
+        waves run across the split, and Opara's and Nimble's plans are not made of stages at all."""
+        chosen = Schedule.from_stages(stages, graph=graph, mapping=self.stream_mapping)
         if "plan_ms" not in self.stats:
-            return stages
+            return chosen
+        self.stats.update(baseline_plan=None, baselines_ms={})
+        for name, plan in self._baseline_plans(graph, cost):
+            if plan.order == chosen.order:
+                continue
+            self.stats["baselines_ms"][name] = plan_ms = cost.order_latency(plan.order)
+            if plan_ms < self.stats["plan_ms"]:
+                chosen = plan
+                self.stats.update(baseline_plan=name, plan_ms=plan_ms)
+        if chosen.stages is None:
+            self.stats.pop("modeled_ms")  # no stages to sum
+        elif self.stats["baseline_plan"]:
+            self.stats["modeled_ms"] = _latency(list(chosen.stages), cost)
+        return chosen
+
+    def _baseline_plans(self, graph: KernelGraph, cost: CostModel):
+        """(name, Schedule) of each baseline scheduler's plan of the whole graph with dp's stream limit."""
         whole = GreedyScheduler(self.max_streams).stages(graph, [kernel.id for kernel in graph.kernels])
-        whole_ms = self._plan_ms(graph, whole, cost) if whole != stages else float("inf")
-        self.stats["greedy_plan"] = whole_ms < self.stats["plan_ms"]
-        if not self.stats["greedy_plan"]:
-            return stages
-        self.stats.update(plan_ms=whole_ms, modeled_ms=_latency(whole, cost))
-        return whole
+        yield "greedy", Schedule.from_stages(whole, graph=graph, mapping=self.stream_mapping)
+        for baseline in (OparaScheduler, NimbleScheduler):
+            yield baseline.name, baseline(self.max_streams).schedule(graph, cost)
 
     def _plan_ms(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> float | None:
         """The whole plan of `stages` timed as the executor runs it; None where the cost source times
