@@ -208,8 +208,9 @@ def test_parts_are_chosen_by_timing_the_whole_plan(mapping):
     chosen = create_scheduler("dp", stream_mapping=mapping).schedule(graph, greedy_fastest)
     assert list(chosen.stages) == all_greedy and chosen.stats["plan_ms"] == 0.0
     differing = chosen.stats["blocks_timed"]
-    baselines = len(chosen.stats["baselines_ms"])  # the baselines' plans that differ from the chosen one
-    assert differing == chosen.stats["blocks_greedy"] == len(greedy_fastest.orders) - 2 - baselines > 0
+    baselines = {name for name, order in _baseline_orders(graph, mapping).items() if order != chosen.order}
+    assert set(chosen.stats["baselines_ms"]) == baselines
+    assert differing == chosen.stats["blocks_greedy"] == len(greedy_fastest.orders) - 2 - len(baselines) > 0
 
     sum_order = _order(graph, by_sum.stages, mapping)
     sum_fastest = OrderTimingCost(graph, lambda order: 0.0 if order == sum_order else 1.0)
@@ -234,8 +235,17 @@ def test_parts_are_chosen_by_timing_the_whole_plan(mapping):
     assert as_ios.stats["blocks_timed"] == 0 and as_ios.stages == by_sum.stages
 
 
+def _baseline_orders(graph, mapping, max_streams=8):
+    """Each baseline's order of the whole graph, made here as dp should make it."""
+    cost = AnalyticCost(graph)
+    schedulers = {"greedy": GreedyScheduler(max_streams, stream_mapping=mapping),
+                  **{name: create_scheduler(name, max_streams=max_streams)
+                     for name in ("sequential", "opara", "nimble")}}
+    return {name: scheduler.schedule(graph, cost).order for name, scheduler in schedulers.items()}
+
+
 @pytest.mark.parametrize("mapping", ["index", "affinity"])
-@pytest.mark.parametrize("baseline", ["greedy", "opara", "nimble"])
+@pytest.mark.parametrize("baseline", ["greedy", "sequential", "opara", "nimble"])
 def test_a_baselines_plan_of_the_whole_graph_is_taken_where_it_runs_faster(mapping, baseline):
     """Greedy's stages of the parts a block was split into are not greedy's stages of the block, and
     Opara's and Nimble's plans have no stages: where a baseline's plan of the whole graph times faster
@@ -252,9 +262,10 @@ def test_a_baselines_plan_of_the_whole_graph_is_taken_where_it_runs_faster(mappi
     taken = dp.schedule(graph, faster)
     assert taken.order == plan.order and taken.stages == plan.stages
     assert taken.stats["baseline_plan"] == baseline and taken.stats["plan_ms"] == 0.5
-    assert set(taken.stats["baselines_ms"]) == {"greedy", "opara", "nimble"}
-    if baseline == "greedy":
-        assert taken.stats["modeled_ms"] == pytest.approx(sum(faster.stage_latency(s.groups) for s in whole))
+    assert set(taken.stats["baselines_ms"]) == {"greedy", "sequential", "opara", "nimble"}
+    if plan.stages:
+        assert taken.stats["modeled_ms"] == pytest.approx(sum(faster.stage_latency(s.groups)
+                                                              for s in plan.stages))
     else:
         assert "modeled_ms" not in taken.stats
     assert_race_free(graph, make_plan(graph, list(taken.order), "dp"))
@@ -262,3 +273,18 @@ def test_a_baselines_plan_of_the_whole_graph_is_taken_where_it_runs_faster(mappi
     slower = OrderTimingCost(graph, lambda order: 1.0 if order == plan.order else 0.5)
     kept = dp.schedule(graph, slower)
     assert plan.order in slower.orders and kept.stats["baseline_plan"] is None and kept.order != plan.order
+
+
+@pytest.mark.parametrize("max_streams", [3, 8])
+def test_the_fastest_of_several_faster_baselines_is_taken_within_dps_stream_limit(max_streams):
+    """Two baselines time faster than dp's plan: the faster of them is taken (not the last found), and
+    the baselines are planned with dp's stream limit."""
+    graph = random_graph(num_kernels=40, seed=5)
+    orders = _baseline_orders(graph, "affinity", max_streams)
+    assert orders["opara"] != _baseline_orders(graph, "affinity")["opara"] or max_streams == 8
+    times = {orders["opara"]: 0.5, orders["nimble"]: 0.8}
+    cost = OrderTimingCost(graph, lambda order: times.get(order, 1.0))
+    taken = create_scheduler("dp", max_streams=max_streams).schedule(graph, cost)
+    assert taken.order == orders["opara"] and taken.stats["baseline_plan"] == "opara"
+    assert taken.stats["baselines_ms"]["nimble"] == 0.8
+    assert max(stream for _, stream in taken.order) < max_streams

@@ -147,12 +147,16 @@ class StreamsExecutor(Executor):
         """Milliseconds of each of `repeat` inferences, by CUDA events on stream 0."""
         start, end = self._event(timing=True), self._event(timing=True)
         times = []
-        for _ in range(repeat):
-            check(self.cudart.cudaEventRecord(start, self.streams[0]))
-            self.launch()
-            check(self.cudart.cudaEventRecord(end, self.streams[0]))
-            check(self.cudart.cudaEventSynchronize(end))
-            times.append(check(self.cudart.cudaEventElapsedTime(start, end)))
+        try:
+            for _ in range(repeat):
+                check(self.cudart.cudaEventRecord(start, self.streams[0]))
+                self.launch()
+                check(self.cudart.cudaEventRecord(end, self.streams[0]))
+                check(self.cudart.cudaEventSynchronize(end))
+                times.append(check(self.cudart.cudaEventElapsedTime(start, end)))
+        finally:
+            for event in (start, end):
+                check(self.cudart.cudaEventDestroy(event))
         return times
 
 

@@ -37,6 +37,7 @@ from tvmsched.schedule.base import (
 from tvmsched.schedule.greedy import GreedyScheduler
 from tvmsched.schedule.nimble import NimbleScheduler
 from tvmsched.schedule.opara import OparaScheduler
+from tvmsched.schedule.sequential import SequentialScheduler
 
 
 @register_scheduler("dp")
@@ -124,9 +125,10 @@ class DynamicProgrammingScheduler(Scheduler):
 
     def _or_baselines(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> Schedule:
         """The plan of `stages`, or where whole plans were timed, the fastest of the baselines' plans of
-        the whole graph (greedy, Opara, Nimble) if it runs faster (stats `baseline_plan`, `baselines_ms`):
-        greedy's stages of the parts a block was split into are not greedy's stages of the block, whose
-        waves run across the split, and Opara's and Nimble's plans are not made of stages at all."""
+        the whole graph (greedy, sequential, Opara, Nimble) if it runs faster (stats `baseline_plan`,
+        `baselines_ms` of those whose order differs from dp's): greedy's stages of the parts a block was
+        split into are not greedy's stages of the block, whose waves run across the split, and Opara's and
+        Nimble's plans are not made of stages at all."""
         chosen = Schedule.from_stages(stages, graph=graph, mapping=self.stream_mapping)
         if "plan_ms" not in self.stats:
             return chosen
@@ -145,10 +147,11 @@ class DynamicProgrammingScheduler(Scheduler):
         return chosen
 
     def _baseline_plans(self, graph: KernelGraph, cost: CostModel):
-        """(name, Schedule) of each baseline scheduler's plan of the whole graph with dp's stream limit."""
+        """(name, Schedule) of each baseline scheduler's plan of the whole graph with dp's stream limit
+        (`max_streams`; `max_groups` bounds dp's own stages only)."""
         whole = GreedyScheduler(self.max_streams).stages(graph, [kernel.id for kernel in graph.kernels])
         yield "greedy", Schedule.from_stages(whole, graph=graph, mapping=self.stream_mapping)
-        for baseline in (OparaScheduler, NimbleScheduler):
+        for baseline in (SequentialScheduler, OparaScheduler, NimbleScheduler):
             yield baseline.name, baseline(self.max_streams).schedule(graph, cost)
 
     def _plan_ms(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> float | None:
