@@ -226,11 +226,13 @@ def chart(rows: list[dict], path: Path) -> None:
     import matplotlib.ticker
 
     systems = list(dict.fromkeys(system for row in rows for system in row["systems"]))
+    references = [_reference(row) for row in rows]
     width = 0.8 / len(systems)
     figure, axes = plt.subplots(figsize=(max(8, 1.2 * len(rows)), 4.5))
     for index, system in enumerate(systems):
-        speedups = [_baseline_ms(row)[0] / row["systems"][system]["median_ms"]
-                    if row["systems"].get(system, {}).get("median_ms") else float("nan") for row in rows]
+        speedups = [reference_ms / row["systems"][system]["median_ms"]
+                    if row["systems"].get(system, {}).get("median_ms") else float("nan")
+                    for row, (reference_ms, _) in zip(rows, references)]
         bars = axes.bar([case + index * width for case in range(len(rows))], [s - 1 for s in speedups], width,
                         bottom=1.0, label=system)  # from 1x, up where faster, down where slower
         for bar, row in zip(bars, rows):
@@ -241,14 +243,14 @@ def chart(rows: list[dict], path: Path) -> None:
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks([case + 0.4 - width / 2 for case in range(len(rows))], [row["case"] for row in rows],
                     rotation=30, ha="right")
-    axes.set_ylabel("speedup over " + " / ".join(dict.fromkeys(_baseline_ms(row)[1] for row in rows)))
+    axes.set_ylabel("speedup over " + " / ".join(dict.fromkeys(name for _, name in references)))
     axes.legend(fontsize=7, ncol=3)
     figure.tight_layout()
     figure.savefig(path, dpi=150)
     plt.close(figure)
 
 
-def _baseline_ms(row: dict) -> tuple[float, str]:
+def _reference(row: dict) -> tuple[float, str]:
     """The latency the chart divides by, and what it is: PyTorch + CUDA Graph's, else the slowest system's."""
     graph = row["systems"].get("pytorch_cuda_graph", {}).get("median_ms")
     if graph:

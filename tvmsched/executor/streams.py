@@ -8,6 +8,7 @@ inferences and is the one stream a caller synchronizes with.
 from __future__ import annotations
 
 import statistics
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -126,37 +127,42 @@ class StreamsExecutor(Executor):
         """One inference issued live on the streams with timing events around each kernel."""
         return self._timed(lambda timing, origin: self.issue(timing=timing, origin=origin))
 
+    @contextmanager
+    def _timing_events(self, count: int):
+        """`count` fresh timing events, destroyed when the block is left."""
+        events = []
+        try:
+            for _ in range(count):
+                events.append(self._event(timing=True))
+            yield events
+        finally:
+            for event in events:
+                check(self.cudart.cudaEventDestroy(event))
+
     def _timed(self, run) -> list[TraceEvent]:
         """Call `run(timing, origin)` with fresh timing events, wait, and read when each kernel ran."""
-        cudart = self.cudart
-        origin = self._event(timing=True)
-        timing = {launch.kernel: (self._event(timing=True), self._event(timing=True))
-                  for launch in self.plan.launches}
-        try:
+        cudart, launches = self.cudart, self.plan.launches
+        with self._timing_events(1 + 2 * len(launches)) as events:
+            origin = events[0]
+            timing = {launch.kernel: (events[1 + 2 * index], events[2 + 2 * index])
+                      for index, launch in enumerate(launches)}
             run(timing, origin)
             self.synchronize()
             return [TraceEvent(launch.kernel, launch.stream,
                                check(cudart.cudaEventElapsedTime(origin, timing[launch.kernel][0])),
                                check(cudart.cudaEventElapsedTime(origin, timing[launch.kernel][1])))
-                    for launch in self.plan.launches]
-        finally:
-            for event in [origin, *(event for pair in timing.values() for event in pair)]:
-                check(cudart.cudaEventDestroy(event))
+                    for launch in launches]
 
     def time_launches(self, repeat: int) -> list[float]:
         """Milliseconds of each of `repeat` inferences, by CUDA events on stream 0."""
-        start, end = self._event(timing=True), self._event(timing=True)
         times = []
-        try:
+        with self._timing_events(2) as (start, end):
             for _ in range(repeat):
                 check(self.cudart.cudaEventRecord(start, self.streams[0]))
                 self.launch()
                 check(self.cudart.cudaEventRecord(end, self.streams[0]))
                 check(self.cudart.cudaEventSynchronize(end))
                 times.append(check(self.cudart.cudaEventElapsedTime(start, end)))
-        finally:
-            for event in (start, end):
-                check(self.cudart.cudaEventDestroy(event))
         return times
 
 
