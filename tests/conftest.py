@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 import pytest
 import tvm
+from fakecuda import FakeCudart
 from onnx import TensorProto, helper, numpy_helper
 
 
@@ -16,6 +17,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch) -> FakeCudart:
+    """The CUDA executors on the CPU (a CPU device passes for a CUDA one) over a stand-in cudart."""
+    from tvmsched.executor import streams
+
+    fake = FakeCudart()
+    monkeypatch.setattr(streams, "_cudart", lambda: fake)
+    monkeypatch.setattr(streams, "_check_cuda_device", lambda device, executor: None)
+    return fake
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -1,16 +1,20 @@
 """tvmsched.compile / CompiledModel on llvm: outputs vs onnxruntime, input checking, save and load."""
 
+import json
 import platform
 import threading
 
 import numpy as np
 import pytest
+import tvm
 from conftest import assert_matches, make_model, onnxruntime_outputs, tensor
 from onnx import helper
 
 import tvmsched
 from tvmsched.api import ARTIFACTS
+from tvmsched.cost.measured import MeasuredCost
 from tvmsched.errors import ArtifactError, InputError
+from tvmsched.executor.streams import StageTimer
 from tvmsched.schedule import SCHEDULERS
 
 
@@ -120,6 +124,32 @@ def test_every_schedule_gives_the_sequential_outputs(branchy_model, schedule):
     assert model.plan.scheduler == schedule
     np.testing.assert_array_equal(model(x), sequential(x))
     np.testing.assert_array_equal(sequential.reschedule(schedule, max_streams=3)(x), sequential(x))
+
+
+def test_reschedule_closes_its_plan_timer_also_when_the_search_is_interrupted(branchy_model, fake_cuda,
+                                                                             tmp_path, monkeypatch):
+    """dp's search with measured costs, its plan timer on the CPU over a stand-in cudart: every stream,
+    event and graph the timer and its timed plans made is destroyed once, and the measurements saved."""
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1)
+    caches = iter(tmp_path / f"costs{index}.json" for index in range(2))
+
+    def measured_cost(name, max_streams):  # what cost_model makes on a GPU
+        timer = StageTimer(model.library, model.graph, model.plan, model.constants, tvm.cpu(), max_streams)
+        return MeasuredCost(model.graph, timer, "branchy", next(caches))
+
+    monkeypatch.setattr(model, "cost_model", measured_cost)
+    assert model.reschedule("dp", max_streams=3).plan.schedule["plan_ms"] == 1.0  # timed by the stand-in
+    assert fake_cuda.made["graph_exec"] > 1 and fake_cuda.made == fake_cuda.destroyed
+    assert json.loads((tmp_path / "costs0.json").read_text())["branchy"]
+
+    def interrupted(timer, order):
+        raise KeyboardInterrupt  # Ctrl-C while dp times whole plans
+
+    monkeypatch.setattr(StageTimer, "time_order", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model.reschedule("dp", max_streams=3)
+    assert fake_cuda.made == fake_cuda.destroyed and not fake_cuda.refused
+    assert json.loads((tmp_path / "costs1.json").read_text())["branchy"]  # the stages timed before
 
 
 def test_load_refuses_another_batch(branchy_model, tmp_path):

@@ -7,7 +7,8 @@ from test_models import SMALL_IMAGE
 
 import tvmsched
 from tvmsched import zoo
-from tvmsched.errors import GraphError
+from tvmsched.errors import GraphError, TargetError
+from tvmsched.executor.streams import CudaGraphExecutor
 from tvmsched.schedule import SCHEDULERS
 
 pytestmark = pytest.mark.gpu
@@ -52,19 +53,30 @@ def test_tuned_kernels_with_workspace_on_parallel_streams_match_sequential():
 
 def test_measured_cost_times_whole_plans_and_caches_them(tmp_path, monkeypatch):
     """dp chooses between each part's stages by timing whole plans: a multi-stream plan and the same
-    kernels on one stream are timed once each and then read from the cache; part of a plan is refused."""
+    kernels on one stream are timed once each and then read from the cache; part of a plan is refused.
+    The timed executors read the timer's constants: one built so computes the model's outputs. Closing
+    the cost source twice destroys the timer's streams and events once."""
     monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
     proto = zoo.build("googlenet", batch=1, image_size=SMALL_IMAGE["googlenet"])
     model = tvmsched.compile(proto, target="cuda", schedule="nimble", max_streams=4)
-    cost = model.cost_model("measured", max_streams=4)
-    order = tuple((launch.kernel, launch.stream) for launch in model.plan.launches)
-    assert len({stream for _, stream in order}) > 1
-    one_stream = tuple((kernel, 0) for kernel, _ in order)
-    before = cost.measured
-    timed = cost.order_latency(order), cost.order_latency(one_stream)
-    assert min(timed) > 0 and cost.measured == before + 2
-    again = cost.order_latency(order), cost.order_latency(one_stream)
-    assert again == timed and cost.measured == before + 2
-    with pytest.raises(GraphError, match="before its producers"):
-        cost.order_latency(order[len(order) // 2:])
-    assert timed[0] == pytest.approx(model.benchmark()["median_ms"], rel=0.15)  # timed as the benchmark
+    with model.cost_model("measured", max_streams=4) as cost:
+        order = tuple((launch.kernel, launch.stream) for launch in model.plan.launches)
+        assert len({stream for _, stream in order}) > 1
+        one_stream = tuple((kernel, 0) for kernel, _ in order)
+        before = cost.measured
+        timed = cost.order_latency(order), cost.order_latency(one_stream)
+        assert min(timed) > 0 and cost.measured == before + 2
+        again = cost.order_latency(order), cost.order_latency(one_stream)
+        assert again == timed and cost.measured == before + 2
+        with pytest.raises(GraphError, match="before its producers"):
+            cost.order_latency(order[len(order) // 2:])
+        assert timed[0] == pytest.approx(model.benchmark()["median_ms"], rel=0.15)  # timed as the benchmark
+        timer = cost.timer
+        x = np.random.default_rng(14).standard_normal(model.inputs[0].shape).astype("float32")
+        with CudaGraphExecutor(model.library, model.graph, model.plan, timer.device_constants,
+                               timer.device) as shared:
+            np.testing.assert_array_equal(shared.run([x])[0], model(x))
+    assert timer.closed
+    cost.close()
+    with pytest.raises(TargetError, match="was closed"):
+        timer.time_stage(((0,),))

@@ -6,10 +6,13 @@ import json
 import platform
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import tvm
 
 import tvmsched
+from tvmsched.profile import _kernel_timer
 
 
 def check_profile(model, profile):
@@ -61,6 +64,18 @@ def test_profile_command_writes_tables_trace_and_pictures(branchy_model, tmp_pat
     for picture in ("timeline.png", "schedule.png"):
         assert (out / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (out / "schedule.svg").read_text()
+
+
+def test_the_kernel_timer_on_a_gpu_closes_its_stage_timer(branchy_model, fake_cuda):
+    """On the CPU over a stand-in cudart (tests/fakecuda.py), with the model passing for a CUDA build."""
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1)
+    cuda_build = SimpleNamespace(library=model.library, graph=model.graph, plan=model.plan,
+                                 constants=model.constants, executor=SimpleNamespace(device=tvm.cpu()),
+                                 meta=SimpleNamespace(target=SimpleNamespace(kind="cuda")))
+    with _kernel_timer(cuda_build) as time_kernel:
+        assert time_kernel(0, 20) == pytest.approx(1.0 / 2 / 10)  # 1 ms (the stand-in's) per 2 replays of 10
+        assert fake_cuda.live and fake_cuda.made["graph_exec"] == 1
+    assert fake_cuda.made == fake_cuda.destroyed and not fake_cuda.refused
 
 
 @pytest.mark.gpu

@@ -156,16 +156,13 @@ class CompiledModel:
         measured where this build's GPU is present, analytic otherwise.
         """
         scheduler = create_scheduler(schedule, max_streams=max_streams, **schedule_options)
-        cost_model = self.cost_model(cost, max_streams)
-        try:
+        with self.cost_model(cost, max_streams) as cost_model:  # saves measurements also when interrupted
             plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
-        finally:
-            if isinstance(cost_model, MeasuredCost):
-                cost_model.save()
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor)
 
     def cost_model(self, name: str | None = None, max_streams: int = 8) -> CostModel:
-        """A stage-latency source for this model's graph (see `reschedule`)."""
+        """A stage-latency source for this model's graph (see `reschedule`). Close it when done, e.g. by a
+        `with` block: a measured one holds a GPU timer and saves its measurements on closing."""
         gpu_present = self.meta.target.kind == "cuda" and tvm.cuda(0).exist
         name = name or ("measured" if gpu_present else "analytic")
         if name != "measured":

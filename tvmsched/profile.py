@@ -14,6 +14,7 @@ import csv
 import json
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -124,8 +125,8 @@ def profile(model, repeat: int = 50) -> Profile:
     benchmark_ms = model.benchmark(repeat=repeat)["median_ms"]
     with model._lock:
         timeline = model.executor.trace()
-        timer = _kernel_timer(model)
-        latencies = {kernel.id: timer(kernel.id, repeat) for kernel in model.graph.kernels}
+        with _kernel_timer(model) as timer:
+            latencies = {kernel.id: timer(kernel.id, repeat) for kernel in model.graph.kernels}
     name = device_name(spec)
     peaks = next((peak for key, peak in PEAKS.items() if key in name), None)
     streams = {launch.kernel: launch.stream for launch in model.plan.launches}
@@ -141,17 +142,20 @@ def profile(model, repeat: int = 50) -> Profile:
     return Profile(name, spec.key, model.plan.scheduler, kernels, timeline, repeat, benchmark_ms)
 
 
+@contextmanager
 def _kernel_timer(model):
-    """A function (kernel id, repeat) -> median milliseconds of that kernel run alone."""
+    """Yields a function (kernel id, repeat) -> median milliseconds of that kernel run alone; on a GPU its
+    timer is closed when the block is left."""
     executor = model.executor
     if model.meta.target.kind == "cuda":
         from tvmsched.executor.streams import StageTimer
 
-        timer = StageTimer(model.library, model.graph, model.plan, model.constants, executor.device,
-                           max_groups=1)
         copies = 10  # per captured graph, so the graph launch is amortized
-        return lambda kernel, repeat: timer.time_stage(((kernel,) * copies,), rounds=5,
-                                                       replays=max(1, repeat // copies)) / copies
+        with StageTimer(model.library, model.graph, model.plan, model.constants, executor.device,
+                        max_groups=1) as timer:
+            yield lambda kernel, repeat: timer.time_stage(((kernel,) * copies,), rounds=5,
+                                                          replays=max(1, repeat // copies)) / copies
+        return
 
     def time_kernel(kernel: int, repeat: int) -> float:
         function, arguments = executor.kernel_call(kernel)
@@ -163,7 +167,7 @@ def _kernel_timer(model):
             executor.device.sync()
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
-    return time_kernel
+    yield time_kernel
 
 
 def _dims(shape) -> str:

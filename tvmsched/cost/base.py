@@ -26,13 +26,25 @@ def create_cost_model(name: str, graph: KernelGraph, **options) -> CostModel:
 
 
 class CostModel(ABC):
-    """Latency in milliseconds of stages of one graph: `groups` run concurrently, each in order."""
+    """Latency in milliseconds of stages of one graph: `groups` run concurrently, each in order.
+
+    A cost source may hold device resources: `close` it, or use it as a context manager.
+    """
 
     name = "cost"
 
     def __init__(self, graph: KernelGraph):
         self.graph = graph
         self.measured = 0  # stages and orders run on the device so far (a computed model runs none)
+
+    def close(self) -> None:  # noqa: B027  (not abstract: a computed model holds nothing to release)
+        """Release what the source holds."""
+
+    def __enter__(self) -> CostModel:
+        return self
+
+    def __exit__(self, *error) -> None:
+        self.close()
 
     @abstractmethod
     def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:

@@ -2,7 +2,8 @@
 
 A stage is timed once per (graph hash, device, batch, stage signature): the cache file keeps every
 measurement, so a second build of the same model on the same GPU measures nothing. The cache is written
-atomically, also when a search is interrupted.
+atomically when the cost source is closed, also after an interrupted search; closing also releases the
+timer's streams and events.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ class MeasuredCost(CostModel):
             if self.measured % 200 == 0:
                 self.save()
         return self.entries[signature]
+
+    def close(self) -> None:
+        """Save the measurements and close the timer."""
+        try:
+            self.save()
+        finally:
+            self.timer.close()
 
     def save(self) -> None:
         """Merge this graph's measurements into the cache file (atomically)."""

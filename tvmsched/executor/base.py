@@ -48,17 +48,19 @@ class Executor(ABC):
 
     Every tensor lives in a device buffer made once at construction (kernel outputs in the plan's pooled
     buffers); `run` copies the inputs into their buffers, launches the kernels and copies the outputs back.
+    Constants given as numpy arrays are uploaded; ones given as tensors already on the device are shared.
     """
 
     name = "executor"
 
-    def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan, constants: dict[str, np.ndarray],
-                 device: tvm.runtime.Device):
+    def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan,
+                 constants: dict[str, np.ndarray | tvm.runtime.Tensor], device: tvm.runtime.Device):
         self.graph = graph
         self.plan = plan
         self.device = device
         self.buffers: dict[str, tvm.runtime.Tensor] = {
-            name: tvm.runtime.tensor(value, device) for name, value in constants.items()}
+            name: value if isinstance(value, tvm.runtime.Tensor) else tvm.runtime.tensor(value, device)
+            for name, value in constants.items()}
         for tensor in graph.inputs:
             self.buffers[tensor.name] = tvm.runtime.empty(tensor.shape, tensor.dtype, device)
         pool = [tvm.runtime.empty((size,), "uint8", device) for size in plan.memory.buffer_sizes]

@@ -3,12 +3,16 @@ streams by events; `cuda-graph` captures the launches once into a CUDA Graph and
 
 Each inference forks from stream 0 and joins back to it, so stream 0 alone orders consecutive
 inferences and is the one stream a caller synchronizes with.
+
+An executor owns the CUDA streams, events and graphs it makes: `close()` (or leaving a `with` block)
+destroys each once, a constructor that raises destroys what it had made, and a closed executor refuses to
+run.
 """
 
 from __future__ import annotations
 
 import statistics
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -38,6 +42,11 @@ def check(result):
     return values[0] if len(values) == 1 else values
 
 
+def _check_cuda_device(device, executor: str) -> None:
+    if device.dlpack_device_type() != 2:  # kDLCUDA
+        raise TargetError(f"the '{executor}' executor needs a CUDA device; use 'sequential' on the CPU")
+
+
 def _waited_on(launches: tuple[Launch, ...]) -> set[int]:
     """The kernels some launch waits on: only these record an event."""
     return {producer for launch in launches for producer in launch.waits}
@@ -49,34 +58,71 @@ class StreamsExecutor(Executor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        cudart = self.cudart = _cudart()
-        if self.device.dlpack_device_type() != 2:  # kDLCUDA
-            raise TargetError(f"the '{self.name}' executor needs a CUDA device; use 'sequential' on the CPU")
-        self.streams = [check(cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking))
-                        for _ in range(self.plan.num_streams)]
+        self.cudart = _cudart()
+        _check_cuda_device(self.device, self.name)
         self.waited_on = _waited_on(self.plan.launches)
-        self.events = {kernel: self._event() for kernel in self.waited_on}
-        self.fork_event = self._event()
-        self.join_events = [self._event() for _ in self.streams[1:]]
         self.calls = {kernel.id: self.kernel_call(kernel.id) for kernel in self.graph.kernels}
+        self.resources = ExitStack()  # destroys, last made first, every handle the executor owns
+        self.closed = False
+        with self._closed_on_error():
+            self.streams = [self._stream() for _ in range(self.plan.num_streams)]
+            self.events = {kernel: self._event(self.resources) for kernel in self.waited_on}
+            self.fork_event = self._event(self.resources)
+            self.join_events = [self._event(self.resources) for _ in self.streams[1:]]
 
     def close(self) -> None:
-        """Destroy the executor's CUDA events and streams; it cannot run afterwards."""
-        for event in [*self.events.values(), self.fork_event, *self.join_events]:
-            check(self.cudart.cudaEventDestroy(event))
-        for stream in self.streams:
-            check(self.cudart.cudaStreamDestroy(stream))
+        """Destroy the executor's CUDA graphs, events and streams; it cannot run afterwards. A second call
+        does nothing."""
+        self.closed = True
+        self.resources.close()
 
-    def _event(self, timing: bool = False):
-        flags = self.cudart.cudaEventDefault if timing else self.cudart.cudaEventDisableTiming
-        return check(self.cudart.cudaEventCreateWithFlags(flags))
+    def __enter__(self) -> StreamsExecutor:
+        return self
+
+    def __exit__(self, *error) -> None:
+        self.close()
+
+    @contextmanager
+    def _closed_on_error(self):
+        """Close the executor if the block raises, so a constructor that fails leaks no handle."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def main_stream(self):
+        """Stream 0, which every inference starts and ends on; refuses a closed executor."""
+        if self.closed:
+            raise TargetError(f"this '{self.name}' executor was closed; create a new one to run again")
+        return self.streams[0]
+
+    @staticmethod
+    def _own(owner: ExitStack, created, destroy):
+        """The handle a cuda-python call `created`, destroyed with `destroy` when `owner` closes."""
+        handle = check(created)
+        owner.callback(lambda: check(destroy(handle)))
+        return handle
+
+    def _stream(self):
+        """A new non-blocking stream, owned by the executor."""
+        cudart = self.cudart
+        created = cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking)
+        return self._own(self.resources, created, cudart.cudaStreamDestroy)
+
+    def _event(self, owner: ExitStack, timing: bool = False):
+        """A new event, destroyed when `owner` closes."""
+        cudart = self.cudart
+        flags = cudart.cudaEventDefault if timing else cudart.cudaEventDisableTiming
+        return self._own(owner, cudart.cudaEventCreateWithFlags(flags), cudart.cudaEventDestroy)
 
     def issue(self, launches: tuple[Launch, ...] | None = None, timing: dict | None = None,
               origin=None) -> None:
         """Fork from stream 0, issue every launch (default: the plan's) on its stream after its waits,
         join back to stream 0; `timing` maps kernels to (start, end) events recorded around them, after
         the event `origin` on stream 0 (as graph nodes when captured)."""
-        cudart, main = self.cudart, self.streams[0]
+        cudart, main = self.cudart, self.main_stream
         if origin is not None:
             self._record_timing(origin, main)
         check(cudart.cudaEventRecord(self.fork_event, main))
@@ -108,20 +154,26 @@ class StreamsExecutor(Executor):
     def launch(self) -> None:
         self.issue()
 
-    def capture(self, launches: tuple[Launch, ...], **timing):
-        """A CUDA Graph (not yet instantiated) of `launches`, recorded from stream 0 (`timing`: see
-        `issue`)."""
-        cudart, main = self.cudart, self.streams[0]
+    def graph_executable(self, owner: ExitStack, launches: tuple[Launch, ...], **timing):
+        """An instantiated CUDA Graph of `launches`, recorded from stream 0 (`timing`: see `issue`); the
+        executable and its graph are destroyed when `owner` closes."""
+        cudart, main = self.cudart, self.main_stream
         mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         check(cudart.cudaStreamBeginCapture(main, mode))
         try:
             self.issue(launches, **timing)
-        finally:
-            graph = check(cudart.cudaStreamEndCapture(main))
-        return graph
+        finally:  # a capture is ended also when issuing raised; `owner` then destroys its graph at once
+            graph = self._own(owner, cudart.cudaStreamEndCapture(main), cudart.cudaGraphDestroy)
+        return self._own(owner, cudart.cudaGraphInstantiate(graph, 0), cudart.cudaGraphExecDestroy)
+
+    @contextmanager
+    def captured(self, launches: tuple[Launch, ...], **timing):
+        """A `graph_executable` of `launches` for the block only."""
+        with ExitStack() as owner:
+            yield self.graph_executable(owner, launches, **timing)
 
     def synchronize(self) -> None:
-        check(self.cudart.cudaStreamSynchronize(self.streams[0]))
+        check(self.cudart.cudaStreamSynchronize(self.main_stream))
 
     def trace(self) -> list[TraceEvent]:
         """One inference issued live on the streams with timing events around each kernel."""
@@ -130,14 +182,8 @@ class StreamsExecutor(Executor):
     @contextmanager
     def _timing_events(self, count: int):
         """`count` fresh timing events, destroyed when the block is left."""
-        events = []
-        try:
-            for _ in range(count):
-                events.append(self._event(timing=True))
-            yield events
-        finally:
-            for event in events:
-                check(self.cudart.cudaEventDestroy(event))
+        with ExitStack() as owner:
+            yield [self._event(owner, timing=True) for _ in range(count)]
 
     def _timed(self, run) -> list[TraceEvent]:
         """Call `run(timing, origin)` with fresh timing events, wait, and read when each kernel ran."""
@@ -158,9 +204,9 @@ class StreamsExecutor(Executor):
         times = []
         with self._timing_events(2) as (start, end):
             for _ in range(repeat):
-                check(self.cudart.cudaEventRecord(start, self.streams[0]))
+                check(self.cudart.cudaEventRecord(start, self.main_stream))
                 self.launch()
-                check(self.cudart.cudaEventRecord(end, self.streams[0]))
+                check(self.cudart.cudaEventRecord(end, self.main_stream))
                 check(self.cudart.cudaEventSynchronize(end))
                 times.append(check(self.cudart.cudaEventElapsedTime(start, end)))
         return times
@@ -172,32 +218,21 @@ class CudaGraphExecutor(StreamsExecutor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.issue()  # loads every kernel's module outside the capture
-        self.synchronize()
-        self.cuda_graph = self.capture(self.plan.launches)
-        self.graph_exec = check(self.cudart.cudaGraphInstantiate(self.cuda_graph, 0))
+        with self._closed_on_error():
+            self.issue()  # loads every kernel's module outside the capture
+            self.synchronize()
+            self.graph_exec = self.graph_executable(self.resources, self.plan.launches)
 
     def launch(self) -> None:
-        check(self.cudart.cudaGraphLaunch(self.graph_exec, self.streams[0]))
-
-    def close(self) -> None:
-        check(self.cudart.cudaGraphExecDestroy(self.graph_exec))
-        check(self.cudart.cudaGraphDestroy(self.cuda_graph))
-        super().close()
+        check(self.cudart.cudaGraphLaunch(self.graph_exec, self.main_stream))
 
     def trace(self) -> list[TraceEvent]:
         """One replay of the plan's CUDA Graph captured with timing-event nodes around each kernel."""
         def replay(timing, origin) -> None:
-            cudart, main = self.cudart, self.streams[0]
-            graph = self.capture(self.plan.launches, timing=timing, origin=origin)
-            executable = check(cudart.cudaGraphInstantiate(graph, 0))
-            try:
+            with self.captured(self.plan.launches, timing=timing, origin=origin) as executable:
                 for _ in range(2):  # the first replay uploads the graph
-                    check(cudart.cudaGraphLaunch(executable, main))
+                    check(self.cudart.cudaGraphLaunch(executable, self.main_stream))
                     self.synchronize()
-            finally:
-                check(cudart.cudaGraphExecDestroy(executable))
-                check(cudart.cudaGraphDestroy(graph))
         return self._timed(replay)
 
 
@@ -215,18 +250,20 @@ class StageTimer(StreamsExecutor):
                               {tensor.name: index for index, tensor in
                                enumerate(t for kernel in graph.kernels for t in kernel.written)})
         super().__init__(library, graph, replace(plan, memory=separate), constants, device)
-        self.library, self.constants = library, constants
-        rng = np.random.default_rng(0)
-        for tensor in graph.inputs:  # integer inputs (indices) stay zero, always in range
-            value = (rng.standard_normal(tensor.shape) if tensor.dtype.startswith(("float", "bfloat"))
-                     else np.zeros(tensor.shape))
-            self.buffers[tensor.name].copyfrom(value.astype(tensor.dtype))
-        while len(self.streams) < max_groups:
-            self.streams.append(check(self.cudart.cudaStreamCreateWithFlags(self.cudart.cudaStreamNonBlocking)))
-            self.join_events.append(self._event())
-        self.issue()
-        self.synchronize()
-        self.start, self.end = self._event(timing=True), self._event(timing=True)
+        self.library = library
+        self.device_constants = {name: self.buffers[name] for name in constants}  # shared by time_order
+        with self._closed_on_error():
+            rng = np.random.default_rng(0)
+            for tensor in graph.inputs:  # integer inputs (indices) stay zero, always in range
+                value = (rng.standard_normal(tensor.shape) if tensor.dtype.startswith(("float", "bfloat"))
+                         else np.zeros(tensor.shape))
+                self.buffers[tensor.name].copyfrom(value.astype(tensor.dtype))
+            while len(self.streams) < max_groups:
+                self.streams.append(self._stream())
+                self.join_events.append(self._event(self.resources))
+            self.issue()
+            self.synchronize()
+            self.start, self.end = (self._event(self.resources, timing=True) for _ in range(2))
 
     def time_stage(self, groups: tuple[tuple[int, ...], ...], replays: int = 5, rounds: int = 3) -> float:
         """Median over `rounds` of the mean milliseconds of `replays` back-to-back replays of the stage."""
@@ -236,25 +273,22 @@ class StageTimer(StreamsExecutor):
     def time_order(self, order: tuple[tuple[int, int], ...], warmup: int = 10, repeat: int = 50) -> float:
         """Median milliseconds of one inference of the plan for a (kernel, stream) issue order, taken as
         `CompiledModel.benchmark` takes it: the plan `make_plan` makes (the executor's waits and buffer
-        plan) on the cuda-graph executor, each inference launched on an idle GPU and waited for."""
+        plan) on the cuda-graph executor, each inference launched on an idle GPU and waited for. The
+        executor reads the timer's constants, already on the device, rather than uploading them again."""
         plan = make_plan(self.graph, list(order), "timed")
-        executor = CudaGraphExecutor(self.library, self.graph, plan, self.constants, self.device)
-        try:
+        constants = self.device_constants
+        with CudaGraphExecutor(self.library, self.graph, plan, constants, self.device) as executor:
             for tensor in self.graph.inputs:
                 executor.buffers[tensor.name].copyfrom(self.buffers[tensor.name])
             executor.time_launches(warmup)
             return statistics.median(executor.time_launches(repeat))
-        finally:
-            executor.close()
 
     def _time(self, launches: tuple[Launch, ...], replays: int, rounds: int) -> float:
         """Median over `rounds` of the mean milliseconds of `replays` replays of `launches` as one graph."""
-        cudart, main = self.cudart, self.streams[0]
-        graph = self.capture(launches)
-        executable = check(cudart.cudaGraphInstantiate(graph, 0))
-        try:
+        cudart, main = self.cudart, self.main_stream
+        times = []
+        with self.captured(launches) as executable:
             check(cudart.cudaGraphLaunch(executable, main))
-            times = []
             for _ in range(rounds):
                 check(cudart.cudaEventRecord(self.start, main))
                 for _ in range(replays):
@@ -262,7 +296,4 @@ class StageTimer(StreamsExecutor):
                 check(cudart.cudaEventRecord(self.end, main))
                 check(cudart.cudaEventSynchronize(self.end))
                 times.append(check(cudart.cudaEventElapsedTime(self.start, self.end)) / replays)
-        finally:
-            check(cudart.cudaGraphExecDestroy(executable))
-            check(cudart.cudaGraphDestroy(graph))
         return sorted(times)[len(times) // 2]
