@@ -20,6 +20,8 @@ from tvmsched.errors import TargetError, TuningLogError
 from tvmsched.lower import lower
 from tvmsched.target import resolve_target
 from tvmsched.tuning import TuneOptions, TuningLog, tune
+from tvmsched.tuning.kernels import RunControl
+from tvmsched.tuning.tune import TaskProgress, TuneResult
 
 LLVM = resolve_target("llvm")
 FAST = {"workers": 2, "search": "replay-trace", "cost_model": "random"}
@@ -181,10 +183,29 @@ def test_time_budget_stops_and_keeps_records(tmp_path, branchy_model):
     assert first.stopped_by_budget and first.trials == 0  # stopped after measuring the defaults
     defaults = {workload: entry["default_ms"] for workload, entry in log.manifest()["workloads"].items()}
     assert len(defaults) == len(first.tasks) and all(value > 0 for value in defaults.values())
-    result = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, time_budget_s=0, **FAST))
-    assert result.stopped_by_budget and 0 < result.trials < 4 * len(result.tasks)  # one batch
+    spent = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, time_budget_s=0, **FAST))
+    assert spent.stopped_by_budget and spent.trials == 0  # a spent budget starts no kernel
+    assert spent.tasks[0].default_ms == defaults[spent.tasks[0].workload]  # measured once
+    result = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, time_budget_s=600, **FAST))
+    assert not result.stopped_by_budget and result.trials > 0
     assert len(lines(log.records_path)) == result.trials
-    assert result.tasks[0].default_ms == defaults[result.tasks[0].workload]  # measured once
+
+
+def test_time_budget_starts_no_kernel_expected_to_end_after_it():
+    """A kernel's run is checked against the budget only after its batches, so a kernel started late would
+    overrun the budget by about what the run's finished kernels took."""
+    tasks = [TaskProgress(f"k{index}", str(index), 1, 0, 0, 0) for index in range(3)]
+    result = TuneResult(log=None, tasks=tasks, skipped=0)
+    control = RunControl(result, budget_s=100)
+    assert control.may_start()  # nothing finished yet: only the deadline counts
+    tasks[0].state, tasks[0].seconds = "done", 30.0
+    tasks[1].state, tasks[1].seconds = "stopped", 500.0  # a stopped kernel says nothing of a kernel's time
+    assert control.may_start() and not result.stopped_by_budget
+    tasks[1].state = "done"
+    tasks[2].state, tasks[2].seconds = "done", 200.0
+    assert not control.may_start() and result.stopped_by_budget  # the median, 200 s, ends after 100 s
+    assert not control.stop.is_set()  # the kernels in flight go on
+    assert RunControl(TuneResult(log=None, tasks=tasks, skipped=0), budget_s=None).may_start()
 
 
 @pytest.mark.parametrize("concurrent,how", [(1, signal.SIGINT), (2, signal.SIGINT), (2, "raise"),

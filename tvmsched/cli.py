@@ -115,8 +115,9 @@ def _add_tune_command(commands) -> None:
     tune.add_argument("--trials", type=int, default=64,
                       help="measured candidates per unique kernel, over all runs (default 64)")
     tune.add_argument("--time-budget", type=_duration, default=None, metavar="8m",
-                      help="start no new batch of trials after this long (s, m or h; default: no limit); "
-                           "the batches in flight and saving the log take up to a minute more")
+                      help="start no new batch of trials after this long, and no new kernel expected to "
+                           "end after it (s, m or h; default: no limit); the batches in flight and saving "
+                           "the log take up to a minute more")
     tune.add_argument("--search", choices=SEARCH_STRATEGIES, default="evolutionary",
                       help="MetaSchedule search strategy (default evolutionary)")
     tune.add_argument("--population", type=int, default=TuneOptions.population,

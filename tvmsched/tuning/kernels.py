@@ -48,6 +48,20 @@ class RunControl:
         if self.stop.is_set():
             raise Stopped
 
+    def may_start(self) -> bool:
+        """Whether a kernel started now is expected to finish within the time budget: the kernels this run
+        finished took `expected` seconds each (their median), and a kernel's run is checked against the
+        budget only after its batches, so one started late would overrun it by that much. When it may not,
+        the run counts as stopped by the budget, and the kernels in flight go on."""
+        if self.deadline is None:
+            return True
+        finished = sorted(task.seconds for task in self.result.tasks if task.state == "done")
+        expected = finished[len(finished) // 2] if finished else 0.0
+        if time.perf_counter() + expected <= self.deadline:
+            return True
+        self.result.stopped_by_budget = True
+        return False
+
     def interrupt(self) -> None:
         self.interrupted = True
         self.stop.set()
@@ -109,7 +123,7 @@ def tune_kernels(tuning: KernelTuning, control: RunControl, concurrent: int,
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
         while not control.stop.is_set():
             with taking:
-                index = next(pending, None)
+                index = next(pending, None) if control.may_start() else None
             if index is None:
                 return
             _tune_kernel(index, tuning, control, report)

@@ -5,8 +5,9 @@ measured candidates over all runs: the manifest counts trials per workload, so r
 the last run stopped and skips kernels that have their trials. Each kernel is tuned by its own MetaSchedule
 run (`tuning.kernels`; several at once on a GPU) sharing builder, runner and database: tuned together,
 MetaSchedule measures every kernel once before it commits any record, which on the H100 took longer than a
-device session. A time budget stops at the next measured batch; Ctrl-C stops after the batches being
-measured; in both cases every measured record is already in the log.
+device session. A time budget stops at the next measured batch, and starts no kernel expected to end
+after it (`RunControl.may_start`); Ctrl-C stops after the batches being measured; in both cases every
+measured record is already in the log.
 """
 
 from __future__ import annotations
