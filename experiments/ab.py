@@ -18,6 +18,7 @@ import datetime
 import json
 import statistics
 import sys
+from contextlib import ExitStack
 
 import numpy as np
 import tvm
@@ -58,21 +59,23 @@ def measure(name: str, schedule: str, option: str, labels: list[str], values: li
     base, _ = compiled(name, args.batch, args.target, args.builds)
     x = np.random.default_rng(0).standard_normal(base.inputs[0].shape).astype("float32")
     expected = base.reschedule("sequential", executor="sequential")(x)
-    models = {label: base.reschedule(schedule, max_streams=args.streams, **{option: value})
-              for label, value in zip(labels, values)}
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    for _ in range(args.rounds):  # alternating, so drift of the clocks or the host hits both alike
-        for label, model in models.items():
-            times[label].append(median_ms(model, args.repeat, runs=1)[0])
     row = {"model": name, "batch": args.batch, "schedule": schedule, "option": option,
            "tuned_kernels": len(base.meta.tuned_kernels), "kernels": len(base.graph.kernels)}
-    for label, model in models.items():
-        row[label] = {"median_ms": round(statistics.median(times[label]), 4), "rounds_ms": times[label],
-                      "streams": model.plan.num_streams,
-                      "waits": sum(len(launch.waits) for launch in model.plan.launches),
-                      "schedule_stats": {key: value for key, value in model.plan.schedule.items()
-                                         if key != "stages"},
-                      "max_rel_diff_vs_sequential": relative_diff(model(x), expected)}
+    with ExitStack() as closer:
+        models = {label: closer.enter_context(base.reschedule(schedule, max_streams=args.streams,
+                                                                     **{option: value}))
+                  for label, value in zip(labels, values)}
+        times: dict[str, list[float]] = {label: [] for label in labels}
+        for _ in range(args.rounds):  # alternating, so drift of the clocks or the host hits both alike
+            for label, model in models.items():
+                times[label].append(median_ms(model, args.repeat, runs=1)[0])
+        for label, model in models.items():
+            row[label] = {"median_ms": round(statistics.median(times[label]), 4), "rounds_ms": times[label],
+                          "streams": model.plan.num_streams,
+                          "waits": sum(len(launch.waits) for launch in model.plan.launches),
+                          "schedule_stats": {key: value for key, value in model.plan.schedule.items()
+                                             if key != "stages"},
+                          "max_rel_diff_vs_sequential": relative_diff(model(x), expected)}
     first, second = labels
     row[f"{second}_speedup"] = round(row[first]["median_ms"] / row[second]["median_ms"], 3)
     print(f"  {name:13s} {schedule:7s} {first} {row[first]['median_ms']:.3f} ms  {second} "

@@ -74,15 +74,15 @@ def measure(case: str, args) -> dict:
     for schedule in SCHEDULES:
         start = time.perf_counter()
         options = options_for(schedule, stream_mapping=args.stream_mapping, time_orders=not args.stage_sums)
-        scheduled = model.reschedule(schedule, max_streams=args.streams, **options)
-        search_s = time.perf_counter() - start
-        diff = relative_diff(scheduled(x), reference)
-        row["systems"][f"tvmsched_{schedule}"] = {
-            "median_ms": median_ms(scheduled, args.repeat)[0], "search_s": round(search_s, 2),
-            "streams": scheduled.plan.num_streams, "max_rel_diff_vs_reference": diff,
-            "matches": diff <= args.tolerance,
-            **{key: value for key, value in scheduled.plan.schedule.items()
-               if key.startswith(("blocks_", "baseline")) or key == "plan_ms"}}
+        with model.reschedule(schedule, max_streams=args.streams, **options) as scheduled:
+            search_s = time.perf_counter() - start
+            diff = relative_diff(scheduled(x), reference)
+            row["systems"][f"tvmsched_{schedule}"] = {
+                "median_ms": median_ms(scheduled, args.repeat)[0], "search_s": round(search_s, 2),
+                "streams": scheduled.plan.num_streams, "max_rel_diff_vs_reference": diff,
+                "matches": diff <= args.tolerance,
+                **{key: value for key, value in scheduled.plan.schedule.items()
+                   if key.startswith(("blocks_", "baseline")) or key == "plan_ms"}}
     clock.lap("tvmsched_schedules")
     best_peer = min((entry["median_ms"], system) for system, entry in row["systems"].items()
                     if not system.startswith("tvmsched") and entry.get("median_ms"))

@@ -43,9 +43,9 @@ def measure(name: str, batch: int, repeat: int, builds: str | None) -> dict:
            "compile_s": round(compile_s, 1),
            "relax_vm_ms": round(relax_vm_ms(zoo.build(name, batch=batch), x, repeat), 4), "variants": []}
     for schedule, streams, executor in VARIANTS:
-        model = base.reschedule(schedule, max_streams=streams, executor=executor)
-        error = float(np.abs(model(x) - expected).max())
-        median, spread = median_ms(model, repeat)
+        with base.reschedule(schedule, max_streams=streams, executor=executor) as model:
+            error = float(np.abs(model(x) - expected).max())
+            median, spread = median_ms(model, repeat)
         row["variants"].append({
             "schedule": schedule, "max_streams": streams, "streams": model.plan.num_streams,
             "executor": executor, "median_ms": median, "spread_ms": spread, "max_abs_diff": error,

@@ -28,11 +28,12 @@ def check(name: str, batch: int, target: str) -> dict:
     x = np.random.default_rng(0).standard_normal(model.inputs[0].shape).astype("float32")
     session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     reference = session.run(None, {"input": x})[0]
-    output = model(x)
+    with model:
+        output = model(x)
+        bench = model.benchmark(warmup=20, repeat=100)
     scale = float(np.abs(reference).max())
     error = float(np.abs(output - reference).max())
     matches = bool(np.allclose(output, reference, rtol=1e-4, atol=1e-4 * scale))
-    bench = model.benchmark(warmup=20, repeat=100)
     return {"model": name, "batch": batch, "kernels": len(model.graph.kernels),
             "compile_s": round(compile_s, 2),
             "max_abs_error": error, "max_abs_reference": scale, "relative_error": error / scale,

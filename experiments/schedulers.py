@@ -38,8 +38,9 @@ def measure(name: str, batch: int, args) -> dict:
             model = base.reschedule(schedule, max_streams=args.streams, executor=args.executor,
                                     cost=args.cost)
             search_s = time.perf_counter() - start
-        error = float(np.abs(model(x) - expected).max())
-        median, spread = median_ms(model, args.repeat)
+        with model:
+            error = float(np.abs(model(x) - expected).max())
+            median, spread = median_ms(model, args.repeat)
         stats = {key: value for key, value in model.plan.schedule.items() if key != "stages"}
         row["schedules"].append({
             "schedule": schedule, "median_ms": median, "spread_ms": spread, "search_s": round(search_s, 2),

@@ -37,16 +37,18 @@ def measure(name: str, args) -> dict:
     default = tvmsched.compile(proto, target=args.target, batch=args.batch, tuned=False)
     tuned = tvmsched.compile(proto, target=args.target, batch=args.batch)
     x = np.random.default_rng(0).standard_normal(default.inputs[0].shape).astype("float32")
-    expected = default(x)
     workloads = {kernel.workload for kernel in tuned.graph.kernels}
     entries = TuningLog.for_target(resolve_target(args.target)).manifest()["workloads"]
     tuned_entries = [entries[w] for w in workloads if w in entries]
-    row = {"model": name, "batch": args.batch, "measured": now(), "kernels": len(tuned.graph.kernels),
-           "unique_kernels": len(workloads), "tuned_kernels": len(tuned.meta.tuned_kernels),
-           "trials": sum(entry["trials"] for entry in tuned_entries),
-           "tuning_s": round(sum(entry.get("seconds", 0.0) for entry in tuned_entries), 1),
-           "default_ms": median_ms(default, args.repeat)[0], "tuned_ms": median_ms(tuned, args.repeat)[0],
-           "max_rel_diff_tuned_vs_default": relative_diff(tuned(x), expected)}
+    with default, tuned:
+        expected = default(x)
+        row = {"model": name, "batch": args.batch, "measured": now(), "kernels": len(tuned.graph.kernels),
+               "unique_kernels": len(workloads), "tuned_kernels": len(tuned.meta.tuned_kernels),
+               "trials": sum(entry["trials"] for entry in tuned_entries),
+               "tuning_s": round(sum(entry.get("seconds", 0.0) for entry in tuned_entries), 1),
+               "default_ms": median_ms(default, args.repeat)[0],
+               "tuned_ms": median_ms(tuned, args.repeat)[0],
+               "max_rel_diff_tuned_vs_default": relative_diff(tuned(x), expected)}
     row["speedup"] = round(row["default_ms"] / row["tuned_ms"], 3)
     row.update(_pytorch(proto, x, expected, args.repeat))
     print(f"  {name:13s} default {row['default_ms']:7.3f} ms  tuned {row['tuned_ms']:7.3f} ms "

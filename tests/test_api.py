@@ -1,4 +1,4 @@
-"""tvmsched.compile / CompiledModel on llvm: outputs vs onnxruntime, input checking, save and load."""
+"""tvmsched.compile / CompiledModel on llvm: outputs vs onnxruntime, input checking, save and load, close."""
 
 import json
 import platform
@@ -150,6 +150,65 @@ def test_reschedule_closes_its_plan_timer_also_when_the_search_is_interrupted(br
         model.reschedule("dp", max_streams=3)
     assert fake_cuda.made == fake_cuda.destroyed and not fake_cuda.refused
     assert json.loads((tmp_path / "costs1.json").read_text())["branchy"]  # the stages timed before
+
+
+def fake_cuda_model(branchy_model, executor: str) -> tvmsched.CompiledModel:
+    """The model built for llvm, run by `executor` over the stand-in cudart (the `fake_cuda` fixture)."""
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1, schedule="greedy", cost="analytic",
+                             executor=executor)
+    assert model.plan.num_streams > 1
+    return model
+
+
+@pytest.mark.parametrize("executor", ["streams", "cuda-graph"])
+def test_close_destroys_the_executors_handles_and_the_next_call_makes_a_new_one(branchy_model, fake_cuda,
+                                                                                executor):
+    model = fake_cuda_model(branchy_model, executor)
+    x = np.random.default_rng(7).standard_normal((1, 3, 8, 8)).astype("float32")
+    model.close()  # before any call: there is no executor to close
+    assert not fake_cuda.made
+    model(x)
+    made = +fake_cuda.made
+    assert made["stream"] > 1 and (made["graph_exec"] == 1) == (executor == "cuda-graph")
+    model.close()
+    assert fake_cuda.destroyed == made and not fake_cuda.live
+    model.close()  # does nothing
+    assert fake_cuda.made == made == fake_cuda.destroyed
+    with model as entered:  # a closed model runs on a new executor, which leaving the block closes
+        output = entered(x)
+        assert entered is model and fake_cuda.live
+    assert fake_cuda.made == fake_cuda.destroyed and fake_cuda.made["stream"] == 2 * made["stream"]
+    assert not fake_cuda.live and not fake_cuda.refused
+    if executor == "streams":  # the stand-in's graph launches run no kernels
+        np.testing.assert_array_equal(output, tvmsched.compile(branchy_model, target="llvm", batch=1)(x))
+
+
+def test_close_waits_for_a_call_in_progress(branchy_model, fake_cuda):
+    model = fake_cuda_model(branchy_model, "streams")
+    x = np.random.default_rng(7).standard_normal((1, 3, 8, 8)).astype("float32")
+    expected = model(x)
+    started, finish = threading.Event(), threading.Event()
+    launch = model.executor.launch
+
+    def slow_launch():
+        started.set()
+        finish.wait(10)
+        launch()
+
+    model.executor.launch = slow_launch
+    results = []
+    call = threading.Thread(target=lambda: results.append(model(x)))
+    close = threading.Thread(target=model.close)
+    call.start()
+    started.wait(10)
+    close.start()
+    close.join(0.2)
+    assert close.is_alive() and fake_cuda.live  # the call holds the model's lock
+    finish.set()
+    call.join()
+    close.join()
+    np.testing.assert_array_equal(results[0], expected)
+    assert fake_cuda.made == fake_cuda.destroyed and not fake_cuda.refused
 
 
 def test_load_refuses_another_batch(branchy_model, tmp_path):

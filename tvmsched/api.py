@@ -134,7 +134,8 @@ def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: CostModel, con
 class CompiledModel:
     """A compiled model: call it with numpy arrays to run one inference on its target's device.
 
-    Calls from several threads are serialized by a lock, since they share the device buffers.
+    Calls from several threads are serialized by a lock, since they share the device buffers. The first call
+    makes the executor; `close()` (or leaving a `with` block) releases it, and a later call makes a new one.
     """
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan, constants: dict[str, np.ndarray],
@@ -159,6 +160,21 @@ class CompiledModel:
         with self.cost_model(cost, max_streams) as cost_model:  # saves measurements also when interrupted
             plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor)
+
+    def close(self) -> None:
+        """Close the executor, if one was made (destroying its CUDA streams, events and graph), and drop it
+        with its device buffers. The model stays usable: its next run makes a new executor. A run in progress
+        is waited for; a second call does nothing."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+            if executor is not None:
+                executor.close()
+
+    def __enter__(self) -> CompiledModel:
+        return self
+
+    def __exit__(self, *error) -> None:
+        self.close()
 
     def cost_model(self, name: str | None = None, max_streams: int = 8) -> CostModel:
         """A stage-latency source for this model's graph (see `reschedule`). Close it when done, e.g. by a
@@ -187,7 +203,8 @@ class CompiledModel:
 
     @property
     def executor(self):
-        """The executor, created on first use (a cross-compiled build never needs a device)."""
+        """The executor, created on first use after construction or `close` (a cross-compiled build never
+        needs a device); callers hold the model's lock."""
         if self._executor is None:
             self._executor = create_executor(self.executor_name, self.library, self.graph, self.plan,
                                              self.constants, device_for(self.meta.target))

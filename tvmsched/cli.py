@@ -264,7 +264,8 @@ def _run(args) -> None:
         if name not in inputs or not file:
             raise InputError(f"--input '{item}': write NAME=FILE.npy with NAME one of {', '.join(inputs)}")
         inputs[name] = np.load(file)
-    outputs = model.run(inputs)
+    with model:  # releases its executor's streams, events and CUDA graph (main may run in a longer process)
+        outputs = model.run(inputs)
     table = Table("output", "shape", "dtype", "min", "max", "mean", "argmax (first row)")
     for spec, value in zip(model.outputs, outputs):
         first = value.reshape(value.shape[0], -1)[0] if value.ndim else value.reshape(1)
@@ -277,9 +278,10 @@ def _run(args) -> None:
 
 def _bench(args) -> None:
     model = _compiled(args)
-    result = {"model": args.model, "target": model.meta.target.key, "kernels": len(model.graph.kernels),
-              "schedule": model.plan.scheduler, "streams": model.plan.num_streams,
-              **model.benchmark(warmup=args.warmup, repeat=args.repeat)}
+    with model:
+        result = {"model": args.model, "target": model.meta.target.key, "kernels": len(model.graph.kernels),
+                  "schedule": model.plan.scheduler, "streams": model.plan.num_streams,
+                  **model.benchmark(warmup=args.warmup, repeat=args.repeat)}
     Console().print(f"{args.model} on {result['device']} ({result['executor']}, {result['schedule']}, "
                     f"{result['streams']} streams): median {result['median_ms']:.3f} ms "
                     f"(min {result['min_ms']:.3f}, max {result['max_ms']:.3f}, {args.repeat} runs)")
@@ -292,7 +294,7 @@ def _profile(args) -> None:
     from tvmsched import plot
 
     model = _compiled(args)
-    with console.status(f"profiling {len(model.graph.kernels)} kernels"):
+    with model, console.status(f"profiling {len(model.graph.kernels)} kernels"):
         result = model.profile(repeat=args.repeat)
     table = Table("kernel", "ops", "output", "ms", "%", "TFLOP/s", "GB/s", "roofline %", "tuned",
                   title=f"{args.model} on {result.device} ({result.schedule}): inference "

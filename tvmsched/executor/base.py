@@ -83,6 +83,16 @@ class Executor(ABC):
         self.synchronize()
         return [self.buffers[tensor.name].numpy() for tensor in self.graph.outputs]
 
+    def close(self) -> None:  # noqa: B027  (not abstract: device buffers are freed with the executor)
+        """Release the device handles the executor made besides its buffers (the CUDA executors' streams,
+        events and graphs); a second call does nothing."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *error) -> None:
+        self.close()
+
     @abstractmethod
     def launch(self) -> None:
         """Issue every kernel of the plan once (asynchronously on GPU)."""

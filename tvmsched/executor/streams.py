@@ -76,12 +76,6 @@ class StreamsExecutor(Executor):
         self.closed = True
         self.resources.close()
 
-    def __enter__(self) -> StreamsExecutor:
-        return self
-
-    def __exit__(self, *error) -> None:
-        self.close()
-
     @contextmanager
     def _closed_on_error(self):
         """Close the executor if the block raises, so a constructor that fails leaks no handle."""
