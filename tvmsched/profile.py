@@ -151,8 +151,8 @@ def _kernel_timer(model):
         from tvmsched.executor.streams import StageTimer
 
         copies = 10  # per captured graph, so the graph launch is amortized
-        with StageTimer(model.library, model.graph, model.plan, model.constants, executor.device,
-                        max_groups=1) as timer:
+        with StageTimer(model.library, model.graph, model.plan, executor.device_constants, executor.device,
+                        max_groups=1) as timer:  # on the model's constants, already on the device
             yield lambda kernel, repeat: timer.time_stage(((kernel,) * copies,), rounds=5,
                                                           replays=max(1, repeat // copies)) / copies
         return

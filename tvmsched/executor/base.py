@@ -83,6 +83,11 @@ class Executor(ABC):
         self.synchronize()
         return [self.buffers[tensor.name].numpy() for tensor in self.graph.outputs]
 
+    @property
+    def device_constants(self) -> dict[str, tvm.runtime.Tensor]:
+        """The constants' device tensors, for another executor of the graph to share instead of uploading."""
+        return {tensor.name: self.buffers[tensor.name] for tensor in self.graph.constants}
+
     def close(self) -> None:  # noqa: B027  (not abstract: device buffers are freed with the executor)
         """Release the device handles the executor made besides its buffers (the CUDA executors' streams,
         events and graphs); a second call does nothing."""

@@ -245,7 +245,6 @@ class StageTimer(StreamsExecutor):
                                enumerate(t for kernel in graph.kernels for t in kernel.written)})
         super().__init__(library, graph, replace(plan, memory=separate), constants, device)
         self.library = library
-        self.device_constants = {name: self.buffers[name] for name in constants}  # shared by time_order
         with self._closed_on_error():
             rng = np.random.default_rng(0)
             for tensor in graph.inputs:  # integer inputs (indices) stay zero, always in range
