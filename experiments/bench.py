@@ -17,7 +17,6 @@ torchvision module itself).
 from __future__ import annotations
 
 import datetime
-import json
 import statistics
 import sys
 import time
@@ -30,9 +29,9 @@ from tvm import relax
 
 import tvmsched
 from experiments.common import (
+    ResultFile,
     argument_parser,
     command,
-    earlier_results,
     event_median_ms,
     median_ms,
     now,
@@ -148,7 +147,11 @@ def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None
                 "median_ms": timer(replay, args.repeat),
                 "max_rel_diff_vs_eager": relative_diff(output.cpu().numpy(), expected)}
         start = time.perf_counter()
-        compiled = torch.compile(module, mode="reduce-overhead" if cuda else "default")
+        # Every zoo case runs OnnxModule.forward: without a reset, Dynamo would recompile the earlier
+        # cases' code with shapes made dynamic (and stop at its recompile limit), so a case's figure
+        # would depend on the cases before it in the same call.
+        torch._dynamo.reset()
+        compiled = torch.compile(module, mode="reduce-overhead" if cuda else "default", dynamic=False)
         try:
             output = compiled(example).cpu().numpy()
         except Exception as error:  # a compiler failure is a result, not the end of the suite
@@ -283,23 +286,24 @@ def main() -> int:
     stem = Path(args.out_dir) / f"bench_{args.name}_{args.date}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".json")
-    rows, commands, cases = earlier_results(path, "case", args.cases, args.again)
+    results = ResultFile.load(path, "case")
+    cases = results.todo(args.cases, args.again)
     options = row_options(args)
-    other = [row["case"] for row in rows if row["case"] in args.cases
+    other = [row["case"] for row in results.rows if row["case"] in args.cases and not args.again
              and any(key in row and row[key] != value for key, value in options.items())]
     if other:
         raise SystemExit(f"{path} holds {', '.join(other)} measured with other scheduler options than "
                          f"{options}; measure them --again, or write to another --out-dir or --date")
-    commands.append(command("experiments.bench"))
+    results.commands.append(command("experiments.bench"))
+    header = {"experiment": "bench", "device": device_name(resolve_target(args.target)), "date": args.date,
+              "tvm": tvm.__version__, "precision": "fp32, TF32 off (cuDNN and matmul)",
+              "timing": "CUDA events around each inference (PyTorch), tvmsched's benchmark (median of 3 runs "
+                        "of `repeat`), Relax VM time_evaluator; medians in ms",
+              "tolerance": args.tolerance}
     for case in cases:
-        rows.append(measure(case, args))
-        report = {"experiment": "bench", "device": device_name(resolve_target(args.target)),
-                  "date": args.date, "tvm": tvm.__version__, "commands": commands,
-                  "precision": "fp32, TF32 off (cuDNN and matmul)",
-                  "timing": "CUDA events around each inference (PyTorch), tvmsched's benchmark (median of "
-                            "3 runs of `repeat`), Relax VM time_evaluator; medians in ms",
-                  "tolerance": args.tolerance, "results": rows}
-        path.write_text(json.dumps(report, indent=1))  # after every case: a later call goes on from here
+        results.put(measure(case, args))
+        results.write(header)  # after every case: a later call goes on from here
+    rows = results.rows
     stem.with_suffix(".md").write_text(markdown(rows))
     chart(rows, stem.with_suffix(".png"))
     print(markdown(rows))

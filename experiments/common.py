@@ -10,6 +10,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,19 +58,48 @@ def command(module: str) -> str:
     return " ".join([f"python -m {module}", *sys.argv[1:]])
 
 
-def earlier_results(path: Path, key: str, measuring: list[str], again: bool
-                    ) -> tuple[list[dict], list[str], list[str]]:
-    """The rows and commands of the result file an earlier call left at `path`, and the items of
-    `measuring` still to measure: those it holds (rows by `key`) are kept and skipped unless `again` — so a
-    suite can run over several calls under a time limit."""
-    earlier = json.loads(path.read_text()) if path.is_file() else {}
-    rows = [row for row in earlier.get("results", []) if not (again and row[key] in measuring)]
-    commands = earlier.get("commands", [earlier["command"]] if "command" in earlier else [])
-    held = {row[key] for row in rows}
-    for item in measuring:
-        if item in held:
-            print(f"  {item:22s} measured earlier (in {path}; --again to measure it again)")
-    return rows, commands, [item for item in measuring if item not in held]
+@dataclass
+class ResultFile:
+    """A result file that several calls add to, so a suite can run over several calls under a time limit:
+    its rows (one per `key`), the commands that measured them, and the rows later measurements replaced
+    (`superseded`, so a figure cited from one stays traceable). What else an earlier file holds is kept."""
+
+    path: Path
+    key: str
+    rows: list[dict] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    superseded: list[dict] = field(default_factory=list)
+    other: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, key: str) -> ResultFile:
+        """What an earlier call left at `path` (an empty file's contents where there is none)."""
+        earlier = json.loads(path.read_text()) if path.is_file() else {}
+        commands = earlier.pop("commands", [earlier.pop("command")] if "command" in earlier else [])
+        return cls(path, key, earlier.pop("results", []), commands, earlier.pop("superseded", []), earlier)
+
+    def todo(self, measuring: list[str], again: bool) -> list[str]:
+        """The items of `measuring` to measure: all with `again`, else those the file does not hold."""
+        held = {row[self.key] for row in self.rows}
+        skipped = [] if again else [item for item in measuring if item in held]
+        for item in skipped:
+            print(f"  {item:22s} measured earlier (in {self.path}; --again to measure it again)")
+        return [item for item in measuring if item not in skipped]
+
+    def put(self, row: dict) -> None:
+        """`row` in place of the row with its key (which moves to `superseded`), else after the others: an
+        item measured again is replaced only when its new row lands, so a call cut off loses no row."""
+        index = next((index for index, old in enumerate(self.rows) if old[self.key] == row[self.key]),
+                     len(self.rows))
+        self.superseded.extend(self.rows[index:index + 1])
+        self.rows[index:index + 1] = [row]
+
+    def write(self, header: dict) -> None:
+        """The file: the earlier file's other fields, `header`, the commands, the rows, what they replaced."""
+        report = {**self.other, **header, "commands": self.commands, "results": self.rows}
+        if self.superseded:
+            report["superseded"] = self.superseded
+        self.path.write_text(json.dumps(report, indent=1))
 
 
 def now() -> str:

@@ -10,7 +10,6 @@ Rows accumulate in --out: models it already holds are skipped unless --again.
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 from pathlib import Path
 
@@ -19,9 +18,9 @@ import tvm
 
 import tvmsched
 from experiments.common import (
+    ResultFile,
     argument_parser,
     command,
-    earlier_results,
     event_median_ms,
     median_ms,
     now,
@@ -88,21 +87,21 @@ def main() -> int:
     parser.add_argument("--again", action="store_true", help="measure models again that --out holds")
     args = parser.parse_args()
     path = Path(args.out)
-    rows, commands, names = earlier_results(path, "model", args.models, args.again)
-    commands.append(command("experiments.tuning"))
+    results = ResultFile.load(path, "model")
+    names = results.todo(args.models, args.again)
+    results.commands.append(command("experiments.tuning"))
     for name in names:
-        rows.append(measure(name, args))
-        path.write_text(json.dumps(result(rows, commands, args), indent=1))  # after every model
+        results.put(measure(name, args))
+        results.write(header(args))  # after every model
     return 0
 
 
-def result(rows: list[dict], commands: list[str], args) -> dict:
+def header(args) -> dict:
     return {"experiment": "tuning", "device": device_name(resolve_target(args.target)),
-            "date": datetime.date.today().isoformat(), "tvm": tvm.__version__, "commands": commands,
+            "date": datetime.date.today().isoformat(), "tvm": tvm.__version__,
             "plan": "sequential schedule, one stream, one CUDA Graph (tvmsched); PyTorch runs the same ONNX "
                     "graph with torch.nn.functional (cuDNN), TF32 off, cudnn.benchmark on",
-            "timing": "CUDA events around each inference, median of `repeat` (tvmsched: median of 3 runs)",
-            "results": rows}
+            "timing": "CUDA events around each inference, median of `repeat` (tvmsched: median of 3 runs)"}
 
 
 if __name__ == "__main__":

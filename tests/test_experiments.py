@@ -1,0 +1,34 @@
+"""The result files the experiments add to over several calls (experiments/common.py)."""
+
+import json
+
+from experiments.common import ResultFile
+
+
+def test_a_case_measured_again_keeps_its_row_until_the_new_one_lands(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    rows = [{"case": "a:1", "ms": 1.0}, {"case": "b:1", "ms": 2.0}]
+    path.write_text(json.dumps({"commands": ["first"], "results": rows, "assembled": "by hand"}))
+
+    assert ResultFile.load(path, "case").todo(["a:1", "c:1"], again=False) == ["c:1"]
+    assert "a:1" in capsys.readouterr().out  # says what it skips
+
+    results = ResultFile.load(path, "case")
+    assert results.todo(["b:1", "c:1"], again=True) == ["b:1", "c:1"]
+    results.commands.append("second")
+    results.put({"case": "b:1", "ms": 1.5})
+    results.write({"experiment": "bench"})  # a call cut off here has lost nothing
+    results.put({"case": "c:1", "ms": 3.0})
+    results.write({"experiment": "bench"})
+
+    written = json.loads(path.read_text())
+    assert written["results"] == [{"case": "a:1", "ms": 1.0}, {"case": "b:1", "ms": 1.5},
+                                  {"case": "c:1", "ms": 3.0}]
+    assert written["superseded"] == [{"case": "b:1", "ms": 2.0}]  # the replaced row stays traceable
+    assert written["commands"] == ["first", "second"]
+    assert written["assembled"] == "by hand" and written["experiment"] == "bench"
+
+
+def test_no_earlier_file_means_everything_to_measure(tmp_path):
+    results = ResultFile.load(tmp_path / "none.json", "model")
+    assert results.todo(["x"], again=False) == ["x"] and results.rows == results.superseded == []
