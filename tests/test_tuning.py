@@ -126,6 +126,10 @@ def test_rerun_skips_done_kernels_and_adds_no_duplicate_workloads(tuned_log, bra
     workloads = lines(log.workloads_path)
     again = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=2, **FAST))
     assert again.trials == 0 and again.skipped == len(first.tasks) + first.skipped
+    # the estimate covers the model's kernels, those that had their trials too: comparable between runs
+    kept = {key: min(entry[name] for name in ("default_ms", "best_ms") if name in entry)
+            for key, entry in log.manifest()["workloads"].items()}
+    assert again.estimated_ms == pytest.approx(sum(task.weight * kept[task.workload] for task in first.tasks))
     records = lines(log.records_path)
     more = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=3, **FAST))
     assert more.trials >= 1
@@ -195,7 +199,7 @@ def test_time_budget_starts_no_kernel_expected_to_end_after_it():
     """A kernel's run is checked against the budget only after its batches, so a kernel started late would
     overrun the budget by about what the run's finished kernels took."""
     tasks = [TaskProgress(f"k{index}", str(index), 1, 0, 0, 0) for index in range(3)]
-    result = TuneResult(log=None, tasks=tasks, skipped=0)
+    result = TuneResult(log=None, tasks=tasks)
     control = RunControl(result, budget_s=100)
     assert control.may_start()  # nothing finished yet: only the deadline counts
     tasks[0].state, tasks[0].seconds = "done", 30.0
@@ -205,7 +209,7 @@ def test_time_budget_starts_no_kernel_expected_to_end_after_it():
     tasks[2].state, tasks[2].seconds = "done", 200.0
     assert not control.may_start() and result.stopped_by_budget  # the median, 200 s, ends after 100 s
     assert not control.stop.is_set()  # the kernels in flight go on
-    assert RunControl(TuneResult(log=None, tasks=tasks, skipped=0), budget_s=None).may_start()
+    assert RunControl(TuneResult(log=None, tasks=tasks), budget_s=None).may_start()
 
 
 @pytest.mark.parametrize("concurrent,how", [(1, signal.SIGINT), (2, signal.SIGINT), (2, "raise"),

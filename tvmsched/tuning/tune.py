@@ -116,10 +116,22 @@ class TaskProgress:
 
 
 @dataclass
+class Settled:
+    """A kernel of the models that already had its trials: runs per inference, and its latencies."""
+    weight: int
+    default_ms: float | None
+    best_ms: float | None
+
+    @property
+    def latency_ms(self) -> float | None:
+        return min((ms_ for ms_ in (self.default_ms, self.best_ms) if ms_ is not None), default=None)
+
+
+@dataclass
 class TuneResult:
     log: TuningLog
     tasks: list[TaskProgress]
-    skipped: int  # kernels that already had their trials
+    settled: list[Settled] = field(default_factory=list)  # the models' kernels that had their trials
     seconds: float = 0.0
     stopped_by_budget: bool = False
     failed_builds: int = 0
@@ -131,16 +143,23 @@ class TuneResult:
         return sum(task.trials for task in self.tasks)
 
     @property
+    def skipped(self) -> int:
+        """Kernels that already had their trials."""
+        return len(self.settled)
+
+    @property
     def estimated_ms(self) -> float | None:
-        """Σ weight × latency over this run's kernels, each at its `latency_ms` (None before any
-        measurement)."""
-        known = [(task.weight, task.latency_ms) for task in self.tasks]
+        """Σ weight × latency over the models' kernels, each at its `latency_ms` (the faster of default
+        and best tuned), those that had their trials included; the kernel time of one inference of each
+        model. None before any measurement."""
+        known = [(kernel.weight, kernel.latency_ms) for kernel in [*self.tasks, *self.settled]]
         return sum(weight * ms_ for weight, ms_ in known if ms_ is not None) or None
 
     @property
     def default_ms(self) -> float | None:
-        """Σ weight × default latency over this run's kernels whose default was measured."""
-        measured = [task.weight * task.default_ms for task in self.tasks if task.default_ms is not None]
+        """Σ weight × default latency over the models' kernels whose default was measured."""
+        measured = [kernel.weight * kernel.default_ms for kernel in [*self.tasks, *self.settled]
+                    if kernel.default_ms is not None]
         return sum(measured) or None
 
 
@@ -163,8 +182,8 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
         manifest = log.manifest()
         entries = manifest["workloads"]
         target = _tuning_target(spec)
-        tasks, todo, skipped = _collect(modules, target, entries, options.trials)
-        result = TuneResult(log, tasks, skipped)
+        tasks, todo, settled = _collect(modules, target, entries, options.trials)
+        result = TuneResult(log, tasks, settled)
         if not todo:
             return result
         if spec.kind == "cuda" and not options.rpc and not tvm.cuda(0).exist:
@@ -246,28 +265,30 @@ def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurren
 
 
 def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: dict, trials: int
-             ) -> tuple[list[TaskProgress], list[ms.ExtractedTask], int]:
-    """The unique kernels of `modules` that still need trials (weights summed over the models), their
-    MetaSchedule tasks, and how many unique kernels are done."""
-    unique: dict[str, tuple[TaskProgress, ms.ExtractedTask]] = {}
-    skipped = set()
+             ) -> tuple[list[TaskProgress], list[ms.ExtractedTask], list[Settled]]:
+    """The unique kernels of `modules` (weights summed over the models): those that still need trials and
+    their MetaSchedule tasks, and those that had them (or are scheduled already)."""
+    first: dict[str, ms.ExtractedTask] = {}
+    weights: dict[str, int] = {}
     for module in modules:
         for task in ms.relax_integration.extract_tasks(module.module, target):
             key = workload_key(task)
-            entry = entries.get(key, {})
-            if key in unique:
-                unique[key][0].weight += int(task.weight)
-            elif (entry.get("trials", 0) >= trials or entry.get("exhausted")
-                  or task.mod.attrs.get("tirx.is_scheduled", False)):
-                skipped.add(key)
-            else:
-                function = task.dispatched[0]
-                unique[key] = (TaskProgress(task.task_name, key, int(task.weight),
-                                            int(estimate_tir_flops(function)), _traffic(function["main"]),
-                                            entry.get("trials", 0), entry.get("default_ms"),
-                                            best_ms_before=entry.get("best_ms"),
-                                            seconds_before=entry.get("seconds", 0.0)), _anonymous(task))
-    return [task for task, _ in unique.values()], [task for _, task in unique.values()], len(skipped)
+            first.setdefault(key, task)
+            weights[key] = weights.get(key, 0) + int(task.weight)
+    tasks, todo, settled = [], [], []
+    for key, task in first.items():
+        weight, entry = weights[key], entries.get(key, {})
+        if (entry.get("trials", 0) >= trials or entry.get("exhausted")
+                or task.mod.attrs.get("tirx.is_scheduled", False)):
+            settled.append(Settled(weight, entry.get("default_ms"), entry.get("best_ms")))
+            continue
+        function = task.dispatched[0]
+        tasks.append(TaskProgress(task.task_name, key, weight, int(estimate_tir_flops(function)),
+                                  _traffic(function["main"]), entry.get("trials", 0), entry.get("default_ms"),
+                                  best_ms_before=entry.get("best_ms"),
+                                  seconds_before=entry.get("seconds", 0.0)))
+        todo.append(_anonymous(task))
+    return tasks, todo, settled
 
 
 def _anonymous(task: ms.ExtractedTask) -> ms.ExtractedTask:
