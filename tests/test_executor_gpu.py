@@ -36,6 +36,24 @@ def test_cuda_graph_replays_follow_new_inputs(branchy_model):
         np.testing.assert_allclose(model(x), reference(x), rtol=1e-5, atol=1e-5)
 
 
+def test_closed_model_releases_its_cuda_graph_and_runs_again(branchy_model):
+    """close() releases the CUDA-graph executor (its streams, events, graph and buffers) on the device; a
+    second close does nothing, and the next call builds a new executor with the same outputs."""
+    reference = tvmsched.compile(branchy_model, target="llvm", batch=2)
+    x = np.random.default_rng(14).standard_normal((2, 3, 8, 8)).astype("float32")
+    with tvmsched.compile(branchy_model, target="cuda", batch=2, schedule="chains", max_streams=4,
+                          executor="cuda-graph") as model:
+        np.testing.assert_allclose(model(x), reference(x), rtol=1e-5, atol=1e-5)
+        first = model._executor
+        assert isinstance(first, CudaGraphExecutor)
+        model.close()
+        model.close()
+        assert model._executor is None
+        np.testing.assert_allclose(model(x), reference(x), rtol=1e-5, atol=1e-5)
+        assert model._executor is not first
+    assert model._executor is None
+
+
 def test_tuned_kernels_with_workspace_on_parallel_streams_match_sequential():
     """The tuned schedules of nasnet's average pools keep scratch in global memory. Before it became planned
     workspace buffers, TVM's shared workspace pool gave parallel kernels the same scratch: greedy, opara and
