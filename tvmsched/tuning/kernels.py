@@ -108,6 +108,9 @@ class KernelTuning:
     database: SharedDatabase
     cost_model: SharedCostModel
     checkpoint: Callable[[], None]  # keeps what the run measured so far (the manifest), after each kernel
+    # The context of kernel `index` with a patient initial sampling, for a second search where the first
+    # found no candidate to measure (None: no second search)
+    patient_context: Callable[[int], object] | None = None
 
 
 def tune_kernels(tuning: KernelTuning, control: RunControl, concurrent: int,
@@ -156,12 +159,9 @@ def _tune_kernel(index: int, tuning: KernelTuning, control: RunControl, report) 
     task.state = "tuning"
     began = time.perf_counter()
     try:
-        ms.tune_tasks(tasks=[tuning.contexts[index]], task_weights=[tuning.weights[index]],
-                      work_dir=tuning.work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
-                      task_scheduler="round-robin", builder=tuning.builder, runner=tuning.runner,
-                      database=tuning.database, cost_model=tuning.cost_model,
-                      measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
-                                         _ProgressCallback(task, control, report)])
+        _search(tuning.contexts[index], index, trials, tuning, control, report)
+        if not task.trials and tuning.patient_context is not None and not control.stop.is_set():
+            _search(tuning.patient_context(index), index, trials, tuning, control, report)
         task.exhausted = task.trials < trials  # returned early, no error: no candidates left
         task.state = "done"
     except Exception as error:  # callbacks' exceptions arrive re-wrapped by TVM's FFI
@@ -170,6 +170,16 @@ def _tune_kernel(index: int, tuning: KernelTuning, control: RunControl, report) 
     finally:
         task.state = "done" if task.state == "done" else "stopped"
         task.seconds = time.perf_counter() - began
+
+
+def _search(context, index: int, trials: int, tuning: KernelTuning, control: RunControl, report) -> None:
+    """One MetaSchedule run of kernel `index` with `context`, for up to `trials` measured candidates."""
+    ms.tune_tasks(tasks=[context], task_weights=[tuning.weights[index]], work_dir=tuning.work_dir,
+                  max_trials_global=trials, num_trials_per_iter=min(64, trials), task_scheduler="round-robin",
+                  builder=tuning.builder, runner=tuning.runner, database=tuning.database,
+                  cost_model=tuning.cost_model,
+                  measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
+                                     _ProgressCallback(control.result.tasks[index], control, report)])
 
 
 @derived_object

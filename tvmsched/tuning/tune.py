@@ -256,12 +256,18 @@ def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurren
     """The MetaSchedule contexts of the kernels and what their runs share; the cores are divided among the
     searches of the kernels tuned at once."""
     cores = options.workers or psutil.cpu_count(logical=False) or 1
-    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        todo, work_dir, strategy=_strategy(options), seed=options.seed,
-        num_threads=max(1, cores // concurrent))
+
+    def contexts_with(strategy, tasks: list[ms.ExtractedTask]) -> tuple[list, list[float]]:
+        return ms.relax_integration.extracted_tasks_to_tune_contexts(
+            tasks, work_dir, strategy=strategy, seed=options.seed, num_threads=max(1, cores // concurrent))
+
+    def patient_context(index: int):
+        return contexts_with(_strategy(options, PATIENT_SAMPLING), [todo[index]])[0][0]
+
+    contexts, weights = contexts_with(_strategy(options), todo)
     cost_model = SharedCostModel(ms.CostModel.create(options.cost_model, num_tuning_cores=cores))
     return KernelTuning(contexts, weights, options.trials, work_dir, builder, runner, database, cost_model,
-                        checkpoint)
+                        checkpoint, patient_context if options.search == "evolutionary" else None)
 
 
 def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: dict, trials: int
@@ -338,11 +344,20 @@ def _tuning_target(spec: TargetSpec) -> tvm.target.Target:
     return spec.tvm_target
 
 
-def _strategy(options: TuneOptions):
+# MetaSchedule's evolutionary search starts only from 50 new candidates that pass its checks, and gives up
+# after 5 rounds of `population` samples without one. On the H100, big batch-16 convolutions have 0.3-0.7%
+# of random samples within 48 KB of shared memory (VerifyGPUCode): their search found none in 76-97 s. A
+# kernel whose search found no candidate is searched again starting from 8, and giving up after 20 rounds.
+PATIENT_SAMPLING = {"init_min_unmeasured": 8, "max_fail_count": 20}
+
+
+def _strategy(options: TuneOptions, sampling: dict | None = None):
+    """The search strategy of `options`; `sampling`: the evolutionary search's initial-population limits
+    (MetaSchedule's defaults if None)."""
     if options.search != "evolutionary":
         return options.search
     return ms.search_strategy.EvolutionarySearch(population_size=options.population,
-                                                 genetic_num_iters=options.generations)
+                                                 genetic_num_iters=options.generations, **(sampling or {}))
 
 
 # Each candidate runs for at least 20 ms (MetaSchedule's default: 100): on the H100 the best of 16 candidates
