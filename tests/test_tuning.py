@@ -403,7 +403,7 @@ def test_a_kernel_whose_search_finds_no_candidate_is_searched_again_patiently(tm
     from tvm.s_tir import meta_schedule as ms
 
     from tvmsched.tuning.builder import build_kernel
-    from tvmsched.tuning.tune import _anonymous, _kernel_tuning
+    from tvmsched.tuning.tune import _anonymous, _kernel_tuning, _quiet_metaschedule_console
 
     stem = helper.make_node("Conv", ["x", "w"], ["y"], pads=[3, 3, 3, 3], strides=[2, 2])
     model = make_model([stem], [tensor("x", [1, 3, 224, 224])], [tensor("y", [1, 64, 112, 112])],
@@ -411,8 +411,9 @@ def test_a_kernel_whose_search_finds_no_candidate_is_searched_again_patiently(tm
     target = resolve_target("cuda").tvm_target
     tasks = [_anonymous(task) for task in ms.relax_integration.extract_tasks(lowered(model).module, target)]
     options = TuneOptions(trials=4, population=16, generations=1, workers=1, cost_model="random")
+    _quiet_metaschedule_console()  # as `tune` does first: MetaSchedule's logging trips on other handlers
     tuning = _kernel_tuning(tasks, options, 1, str(tmp_path), None, None, None, None)
-    context = tuning.patient_context(0)
+    context = tuning.patient_context(0)  # its logging set up again beside the first contexts'
     context.search_strategy.pre_tuning(4, 4, context.space_generator.generate_design_space(context.mod),
                                        ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
     candidates = context.search_strategy.generate_measure_candidates()
