@@ -104,8 +104,7 @@ class TaskProgress:
     def latency_ms(self) -> float | None:
         """The latency a build gets now: the fastest of the default and the best tuned so far (None before
         any is measured)."""
-        known = [ms_ for ms_ in (self.default_ms, self.best_ms_before, self.best_ms) if ms_ is not None]
-        return min(known, default=None)
+        return _fastest(self.default_ms, self.best_ms_before, self.best_ms)
 
     @property
     def priority(self) -> float:
@@ -124,7 +123,13 @@ class Settled:
 
     @property
     def latency_ms(self) -> float | None:
-        return min((ms_ for ms_ in (self.default_ms, self.best_ms) if ms_ is not None), default=None)
+        """The latency a build gets: the faster of default and best tuned (None if neither was measured)."""
+        return _fastest(self.default_ms, self.best_ms)
+
+
+def _fastest(*latencies: float | None) -> float | None:
+    """The smallest of the measured latencies (None: not measured), or None if none was."""
+    return min((ms_ for ms_ in latencies if ms_ is not None), default=None)
 
 
 @dataclass
