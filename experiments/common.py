@@ -73,8 +73,13 @@ class ResultFile:
 
     @classmethod
     def load(cls, path: Path, key: str) -> ResultFile:
-        """What an earlier call left at `path` (an empty file's contents where there is none)."""
-        earlier = json.loads(path.read_text()) if path.is_file() else {}
+        """What an earlier call left at `path` (an empty file's contents where there is none); a file that
+        is not JSON stops the call before anything is measured, and is left as it is."""
+        try:
+            earlier = json.loads(path.read_text()) if path.is_file() else {}
+        except json.JSONDecodeError as error:
+            raise SystemExit(f"{path} is not a result file ({error}); repair or move it, or write the "
+                             f"results elsewhere") from None
         commands = earlier.pop("commands", [earlier.pop("command")] if "command" in earlier else [])
         return cls(path, key, earlier.pop("results", []), commands, earlier.pop("superseded", []), earlier)
 

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from experiments.common import ResultFile
 
 
@@ -32,3 +34,11 @@ def test_a_case_measured_again_keeps_its_row_until_the_new_one_lands(tmp_path, c
 def test_no_earlier_file_means_everything_to_measure(tmp_path):
     results = ResultFile.load(tmp_path / "none.json", "model")
     assert results.todo(["x"], again=False) == ["x"] and results.rows == results.superseded == []
+
+
+def test_a_corrupt_result_file_stops_the_call_and_is_kept(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text('{"results": [{"case": "a:1"}')  # cut off mid-write
+    with pytest.raises(SystemExit, match="bench.json is not a result file"):
+        ResultFile.load(path, "case")
+    assert path.read_text() == '{"results": [{"case": "a:1"}'
