@@ -77,7 +77,7 @@ class ResultFile:
         is not JSON stops the call before anything is measured, and is left as it is."""
         try:
             earlier = json.loads(path.read_text()) if path.is_file() else {}
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise SystemExit(f"{path} is not a result file ({error}); repair or move it, or write the "
                              f"results elsewhere") from None
         commands = earlier.pop("commands", [earlier.pop("command")] if "command" in earlier else [])

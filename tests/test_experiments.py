@@ -36,9 +36,10 @@ def test_no_earlier_file_means_everything_to_measure(tmp_path):
     assert results.todo(["x"], again=False) == ["x"] and results.rows == results.superseded == []
 
 
-def test_a_corrupt_result_file_stops_the_call_and_is_kept(tmp_path):
+@pytest.mark.parametrize("contents", [b'{"results": [{"case": "a:1"}', b"\x89PNG\r\n"])  # cut off; not text
+def test_a_corrupt_result_file_stops_the_call_and_is_kept(tmp_path, contents):
     path = tmp_path / "bench.json"
-    path.write_text('{"results": [{"case": "a:1"}')  # cut off mid-write
+    path.write_bytes(contents)
     with pytest.raises(SystemExit, match="bench.json is not a result file"):
         ResultFile.load(path, "case")
-    assert path.read_text() == '{"results": [{"case": "a:1"}'
+    assert path.read_bytes() == contents
