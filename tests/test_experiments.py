@@ -43,3 +43,12 @@ def test_a_corrupt_result_file_stops_the_call_and_is_kept(tmp_path, contents):
     with pytest.raises(SystemExit, match="bench.json is not a result file"):
         ResultFile.load(path, "case")
     assert path.read_bytes() == contents
+
+
+def test_the_table_rounds_dp_speedup_once():
+    from experiments.bench import markdown
+
+    row = {"case": "tv:resnet50:16", "systems": {"pytorch_cuda_graph": {"median_ms": 6.6887},
+                                                 "tvmsched_dp": {"median_ms": 10.0641, "matches": True}},
+           "best_peer": {"system": "pytorch_cuda_graph", "median_ms": 6.6887, "dp_speedup": 0.665}}
+    assert markdown([row]).splitlines()[-1].endswith("| 0.66x (pytorch_cuda_graph) |")  # 0.6646, not 0.665
