@@ -92,3 +92,17 @@ def test_parse_input_shape_rejects(text):
 def test_unknown_model_name():
     with pytest.raises(UnknownModel, match="neither a file nor a zoo model"):
         tvmsched.compile("not_a_model")
+
+
+def test_importer_failure_names_the_node_and_leaves_no_warning(capfd):
+    """An op TVM's importer fails on (here: axes given at run time) is refused naming the node."""
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="sum_3")
+    model = make_model([node], [tensor("x", [3, 4]), tensor("axes", [1], onnx.TensorProto.INT64)],
+                       [tensor("y", [3])], {})
+    with pytest.raises(UnsupportedOperator, match=r"node 'sum_3' \(ReduceSum\) \(opset 18\) cannot be "
+                                                  r"imported: Only constant axes"):
+        tvmsched.compile(model, target="llvm")
+    import gc
+    gc.collect()
+    captured = capfd.readouterr()
+    assert "Error converting" not in captured.out and "BlockBuilder" not in captured.err

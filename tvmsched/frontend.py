@@ -62,10 +62,10 @@ def graph_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def check_operators(proto: onnx.ModelProto) -> None:
-    """Raise UnsupportedOperator naming the first node whose op the Relax frontend cannot convert."""
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+    """Raise UnsupportedOperator naming the first node whose op the importer cannot convert."""
+    from tvmsched.importer import supported_ops
 
-    supported = _get_convert_map()
+    supported = supported_ops()
     opset = default_opset(proto)
     for index, node in enumerate(proto.graph.node):
         domain_ok = node.domain in ("", "ai.onnx")
@@ -140,15 +140,8 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 def to_relax(proto: onnx.ModelProto, inputs: list[TensorSpec]):
     """Import the ONNX model into a Relax IRModule with the given static input shapes."""
-    from tvm.relax.frontend.onnx import from_onnx
+    from tvmsched.importer import import_model
 
     check_operators(proto)
-    try:
-        return from_onnx(proto, shape_dict={spec.name: list(spec.shape) for spec in inputs},
-                         dtype_dict={spec.name: spec.dtype for spec in inputs},
-                         opset=default_opset(proto), keep_params_in_input=False)
-    except Exception as error:  # the importer raises TVMError, ValueError, AssertionError, ...
-        message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise UnsupportedOperator(f"the TVM Relax ONNX importer failed: {message}; check the input "
-                                  f"shapes ({', '.join(f'{s.name}:{_format(s.shape)}' for s in inputs)}) "
-                                  f"and the model's operators") from error
+    return import_model(proto, {spec.name: list(spec.shape) for spec in inputs},
+                        {spec.name: spec.dtype for spec in inputs}, default_opset(proto))
