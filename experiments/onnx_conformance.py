@@ -259,7 +259,8 @@ def main() -> None:
         note = f"  {row.get('tvmsched_error', '')}" if row["tvmsched"] != "pass" else ""
         print(f"{row['tvmsched']:8s} {row['case']}{note}"[:220], flush=True)
 
-    rows = run_cases(names, args.ops, args.jobs, args.timeout, lambda name: describe(name, *cases[name]), report)
+    rows = run_cases(names, args.ops, args.jobs, args.timeout, lambda name: describe(name, *cases[name]),
+                     report)
     rows.sort(key=lambda row: row["case"])
     summary = summarize(rows)
     report_json = {"experiment": "onnx_conformance", "date": now(), "command": command(
