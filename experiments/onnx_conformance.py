@@ -53,13 +53,15 @@ def node_cases(ops: list[str] | None = None) -> dict:
 
 
 def describe(name: str, case, op: str, domain: str) -> dict:
-    """The op, domain and whether every input and output is a float32 tensor (the float32 subset)."""
-    from onnx import TensorProto
+    """The op, domain and whether the case is in the float32 subset: a float32 tensor among its inputs and
+    outputs, and no floating-point tensor of another precision (integer and bool tensors may be there)."""
+    from onnx import TensorProto, helper
 
-    values = list(case.model.graph.input) + list(case.model.graph.output)
-    float32 = all(value.type.HasField("tensor_type") and value.type.tensor_type.elem_type == TensorProto.FLOAT
-                  for value in values)
-    return {"case": name, "op": op, "domain": domain, "float32": float32}
+    types = [value.type.tensor_type.elem_type if value.type.HasField("tensor_type") else None
+             for value in [*case.model.graph.input, *case.model.graph.output]]
+    floats = {kind for kind in types if kind is not None and kind != TensorProto.BOOL
+              and helper.tensor_dtype_to_np_dtype(kind).kind in "fcV"}
+    return {"case": name, "op": op, "domain": domain, "float32": floats == {TensorProto.FLOAT}}
 
 
 def compare(actual: list, expected: list, rtol: float, atol: float) -> str | None:
