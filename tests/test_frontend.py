@@ -5,9 +5,11 @@ import onnx
 import pytest
 from conftest import make_model, tensor
 from onnx import helper
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 import tvmsched
 from tvmsched import frontend
+from tvmsched.converters import CONVERTERS
 from tvmsched.errors import ModelLoadError, ShapeBindingError, UnknownModel, UnsupportedOperator
 
 
@@ -94,11 +96,16 @@ def test_unknown_model_name():
         tvmsched.compile("not_a_model")
 
 
-def test_importer_failure_names_the_node_and_leaves_no_warning(capfd):
-    """An op TVM's importer fails on (here: axes given at run time) is refused naming the node."""
+def test_importer_failure_names_the_node_and_leaves_no_warning(capfd, monkeypatch):
+    """A converter that fails (one that raises, standing in for any of TVM's) is refused naming the node."""
+    class Failing(OnnxOpConverter):
+        @classmethod
+        def _impl_v1(cls, bb, inputs, attr, params):
+            raise ValueError("Only constant axes currently supported")
+
+    monkeypatch.setitem(CONVERTERS, "ReduceSum", Failing)
     node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="sum_3")
-    model = make_model([node], [tensor("x", [3, 4]), tensor("axes", [1], onnx.TensorProto.INT64)],
-                       [tensor("y", [3])], {})
+    model = make_model([node], [tensor("x", [3, 4])], [tensor("y", [3])], {"axes": np.array([1])})
     with pytest.raises(UnsupportedOperator, match=r"node 'sum_3' \(ReduceSum\) \(opset 18\) cannot be "
                                                   r"imported: Only constant axes"):
         tvmsched.compile(model, target="llvm")
