@@ -21,9 +21,10 @@ def _compiled_matches(model, feeds: dict, **options) -> list[np.ndarray]:
 
 def _shape_dims(source: str, count: int) -> list:
     """Shape(source), then Gather and Unsqueeze of each dim: `d0u`..., 1-element int64 tensors."""
+    axes = range(count)
     return [helper.make_node("Shape", [source], ["shape"]),
-            *[helper.make_node("Gather", ["shape", f"i{axis}"], [f"d{axis}"], axis=0) for axis in range(count)],
-            *[helper.make_node("Unsqueeze", [f"d{axis}", "zero_axis"], [f"d{axis}u"]) for axis in range(count)]]
+            *[helper.make_node("Gather", ["shape", f"i{axis}"], [f"d{axis}"], axis=0) for axis in axes],
+            *[helper.make_node("Unsqueeze", [f"d{axis}", "zero_axis"], [f"d{axis}u"]) for axis in axes]]
 
 
 DIM_WEIGHTS = {**{f"i{axis}": np.array(axis, "int64") for axis in range(4)}, "zero_axis": np.array([0])}
@@ -34,7 +35,8 @@ def test_channel_shuffle_matches_onnxruntime():
     input whose batch is bound at build time."""
     nodes = [*_shape_dims("x", 4),
              helper.make_node("Div", ["d1u", "groups"], ["per_group"]),
-             helper.make_node("Concat", ["d0u", "groups", "per_group", "d2u", "d3u"], ["split_shape"], axis=0),
+             helper.make_node("Concat", ["d0u", "groups", "per_group", "d2u", "d3u"], ["split_shape"],
+                              axis=0),
              helper.make_node("Reshape", ["x", "split_shape"], ["split"]),
              helper.make_node("Transpose", ["split"], ["shuffled"], perm=[0, 2, 1, 3, 4]),
              helper.make_node("Concat", ["d0u", "d1u", "d2u", "d3u"], ["back_shape"], axis=0),
@@ -136,14 +138,14 @@ def test_an_input_whose_value_decides_a_shape_is_refused_by_name():
              helper.make_node("Reshape", ["positive", "shape64"], ["y"], name="reshape_2")]
     model = make_model(nodes, [tensor("x", [2, 3]), tensor("new_shape", [2], TensorProto.INT32)],
                        [tensor("y", [3, 2])], {})
-    with pytest.raises(ConstantInputRequired, match=r"node 'reshape_2' \(Reshape\) needs the value of its "
-                                                    r"input 'shape64' .*graph input 'new_shape' is only known "
-                                                    r"at run time; bind it with --constant-input "
-                                                    r"new_shape=FILE.npy") as error:
+    message = (r"node 'reshape_2' \(Reshape\) needs the value of its input 'shape64' .*graph input "
+               r"'new_shape' is only known at run time; bind it with --constant-input new_shape=FILE.npy")
+    with pytest.raises(ConstantInputRequired, match=message) as error:
         tvmsched.compile(model, target="llvm")
     assert error.value.inputs == ("new_shape",)
     x = RNG.standard_normal((2, 3)).astype("float32")
-    compiled = tvmsched.compile(model, target="llvm", constant_inputs={"new_shape": np.array([3, 2], "int32")})
+    new_shape = np.array([3, 2], "int32")
+    compiled = tvmsched.compile(model, target="llvm", constant_inputs={"new_shape": new_shape})
     assert [spec.name for spec in compiled.inputs] == ["x"]
     np.testing.assert_array_equal(compiled(x), np.maximum(x, 0).reshape(3, 2))
 

@@ -113,3 +113,32 @@ def test_importer_failure_names_the_node_and_leaves_no_warning(capfd, monkeypatc
     gc.collect()
     captured = capfd.readouterr()
     assert "Error converting" not in captured.out and "BlockBuilder" not in captured.err
+
+
+@pytest.mark.parametrize("constants, shapes, message", [
+    ({"bias": np.zeros(3, "float32")}, {}, "--constant-input names bias, but the model's inputs are x, axes"),
+    ({"axes": np.array([1], "int32")}, {}, "value given for input 'axes' is int32, but the input is int64; "
+                                           "convert it with .astype"),
+    ({"axes": np.array([1, 0])}, {}, "value given for input 'axes' has shape 2, but the input's dims are 1"),
+    ({"axes": np.array([1])}, {"axes": (1,)}, "input 'axes' is given both a shape .* and a value"),
+])
+def test_constant_input_binding_errors(runtime_axes_model, constants, shapes, message):
+    with pytest.raises(ShapeBindingError, match=message):
+        frontend.bind_input_shapes(runtime_axes_model, input_shapes=shapes, constant_inputs=constants)
+    assert frontend.bind_input_shapes(runtime_axes_model, constant_inputs={"axes": np.array([1])}) == [
+        frontend.TensorSpec("x", (3, 4), "float32")]
+
+
+def test_a_sequence_input_is_refused_by_name():
+    sequence = helper.make_tensor_sequence_value_info("items", onnx.TensorProto.FLOAT, [2])
+    node = helper.make_node("SequenceAt", ["items", "position"], ["output"])
+    model = make_model([node], [sequence], [tensor("output", [2])], {"position": np.array(0)})
+    with pytest.raises(ShapeBindingError, match="input 'items' is a sequence value, not a tensor"):
+        frontend.bind_input_shapes(model)
+
+
+def test_scalar_and_empty_dims_are_static():
+    node = helper.make_node("Add", ["scalar", "empty"], ["output"])
+    model = make_model([node], [tensor("scalar", []), tensor("empty", [2, 0])], [tensor("output", [2, 0])],
+                       {})
+    assert [spec.shape for spec in frontend.bind_input_shapes(model)] == [(), (2, 0)]

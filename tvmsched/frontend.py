@@ -139,10 +139,11 @@ def bind_input_shapes(proto: onnx.ModelProto, batch: int | None = None,
 def _declared(value: onnx.ValueInfoProto) -> tuple[str, list]:
     """The dtype and dims (ints, else the dim's name or '?') a graph input declares."""
     if not value.type.HasField("tensor_type"):
-        kind = value.type.WhichOneof("value") or "untyped"
-        raise ShapeBindingError(f"input '{value.name}' is a {kind.replace('_type', '')} value, not a tensor; "
-                                f"tvmsched compiles models whose inputs are tensors: export the model with "
-                                f"tensor inputs")
+        kind = (value.type.WhichOneof("value") or "untyped").removesuffix("_type")
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ShapeBindingError(f"input '{value.name}' is {article} {kind} value, not a tensor; tvmsched "
+                                f"compiles models whose inputs are tensors: export the model with tensor "
+                                f"inputs")
     tensor_type = value.type.tensor_type
     dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
     dims = [dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or "?")
