@@ -19,3 +19,4 @@ def register_converter(op_type: str):
 # Each module registers its converters when imported: one line per module, sorted.
 import tvmsched.converters.reduce  # noqa: E402,F401
 import tvmsched.converters.shape  # noqa: E402,F401
+import tvmsched.converters.sort  # noqa: E402,F401
