@@ -128,6 +128,8 @@ def test_models_in_one_process_beside_another_librarys_cuda_graphs(branchy_model
     torch = pytest.importorskip("torch")
     weight = torch.randn(256, 256, device="cuda")
     static = torch.randn(8, 256, device="cuda")
+    static @ weight  # cuBLAS makes its handle outside the capture
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         result = static @ weight
