@@ -16,12 +16,13 @@ already holds are skipped unless --again.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -31,24 +32,29 @@ from experiments.common import ResultFile, argument_parser, command, now, relati
 WRONG = 1e-3  # an output whose largest difference exceeds this share of its largest magnitude is wrong
 
 
-def export_all(directory: Path, names: list[str], batches: list[int]) -> None:
-    """Write NAME_bBATCH.onnx for each network and batch (skipping those already there)."""
+def export_all(directory: Path, names: list[str], batches: list[int], jobs: int) -> None:
+    """Write NAME_bBATCH.onnx for each network and batch (skipping those already there), `jobs` at once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    todo = [(name, batch) for name in names for batch in batches
+            if not (directory / f"{name}_b{batch}.onnx").is_file()]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for message in pool.map(_export_one, [directory] * len(todo), *zip(*todo)):
+            print(message, flush=True)
+
+
+def _export_one(directory: Path, name: str, batch: int) -> str:
+    """Export one network at one batch; a failure is written beside the exports, not raised."""
     from experiments.torchvision_models import export, torch_network
 
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        for batch in batches:
-            path = directory / f"{name}_b{batch}.onnx"
-            if path.is_file():
-                continue
-            start = time.perf_counter()
-            try:
-                module, example = torch_network(name, batch)
-                export(module, example, str(path))
-                print(f"exported {path.name} in {time.perf_counter() - start:.0f} s", flush=True)
-            except Exception as error:  # noqa: BLE001  (an export failure is recorded, not fatal)
-                (directory / f"{name}_b{batch}.export-error").write_text(f"{type(error).__name__}: {error}")
-                print(f"export of {name} at batch {batch} failed: {error}", flush=True)
+    path, start = directory / f"{name}_b{batch}.onnx", time.perf_counter()
+    try:
+        module, example = torch_network(name, batch)
+        export(module, example, str(path))
+    except Exception as error:  # noqa: BLE001  (an export failure is recorded, not fatal)
+        (directory / f"{name}_b{batch}.export-error").write_text(f"{type(error).__name__}: {error}")
+        return f"export of {name} at batch {batch} failed: {error}"
+    return f"exported {path.name} in {time.perf_counter() - start:.0f} s"
 
 
 def build_case(path: Path, target: str, build_dir: Path) -> dict:
@@ -62,9 +68,10 @@ def build_case(path: Path, target: str, build_dir: Path) -> dict:
     except TvmschedError as error:
         return {"status": "refused", "error": f"{type(error).__name__}: {error}"}
     model.save(build_dir)
-    return {"status": "built", "kernels": len(model.graph.kernels), "fallbacks": len(model.meta.fallbacks),
-            "tuned_kernels": len(model.meta.tuned_kernels),
-            "compile_s": round(time.perf_counter() - start, 1)}
+    row = {"status": "built", "kernels": len(model.graph.kernels), "fallbacks": len(model.meta.fallbacks),
+           "tuned_kernels": len(model.meta.tuned_kernels), "compile_s": round(time.perf_counter() - start, 1)}
+    (build_dir / "row.json").write_text(json.dumps(row))
+    return row
 
 
 def check_case(path: Path, target: str, build_dir: Path, repeat: int) -> dict:
@@ -189,8 +196,9 @@ def check_all(args) -> None:
         rows[case] = {"case": case, "network": name, "batch": batch, "target": args.target,
                       "onnx_mb": round(sum(file.stat().st_size for file in args.dir.glob(f"{name}_b{batch}.*")
                                            if file.suffix != ".export-error") / 2**20, 1)}
-        rows[case].update(_in_subprocess("build", cases[case], args.target, _build_dir(build_root, case),
-                                         args.repeat, args.timeout))
+        built = _build_dir(build_root, case) / "row.json"  # a build an earlier call made is reused
+        rows[case].update(json.loads(built.read_text()) if built.is_file() else _in_subprocess(
+            "build", cases[case], args.target, _build_dir(build_root, case), args.repeat, args.timeout))
         print(f"  built {case:28s} {rows[case]['status']} {rows[case].get('error', '')}"[:200], flush=True)
 
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -240,7 +248,7 @@ def main() -> None:
     parser.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
     parser.add_argument("--out", type=Path, help="check: the result JSON (rows accumulate)")
     parser.add_argument("--builds", type=Path, default=Path("/tmp/tvmsched-real-builds"))
-    parser.add_argument("--jobs", type=int, default=1, help="check: builds at once")
+    parser.add_argument("--jobs", type=int, default=1, help="exports, or builds, at once")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per build and per check")
     parser.add_argument("--repeat", type=int, default=50, help="timed inferences per latency")
     parser.add_argument("--again", action="store_true", help="check again the cases --out holds")
@@ -248,7 +256,7 @@ def main() -> None:
     if args.mode == "export":
         from experiments.torchvision_models import classification_networks
 
-        export_all(args.dir, args.models or classification_networks(), args.batch)
+        export_all(args.dir, args.models or classification_networks(), args.batch, args.jobs)
     else:
         if args.out is None:
             parser.error("check needs --out")
