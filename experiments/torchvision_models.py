@@ -77,14 +77,24 @@ def _BertOutputs(bert):
 
 
 def export(module, example, destination) -> None:
-    """Export `module` at `example`'s shape to ONNX (opset 17): to a path (weights over 2 GB go to an
-    external data file beside it) or a file object."""
+    """Export `module` at `example`'s shape to ONNX (opset 17): to a file object, or to a path, where
+    weights over protobuf's 2 GB go to one external data file beside it (`PATH.data`)."""
+    import tempfile
+
     import torch
 
     names = (["input_ids"], ["last_hidden_state", "pooler_output"]) if example.dtype == torch.int64 \
         else (["input"], ["output"])
-    torch.onnx.export(module, (example,), destination, input_names=names[0], output_names=names[1],
-                      opset_version=17, dynamo=False)
+    arguments = {"input_names": names[0], "output_names": names[1], "opset_version": 17, "dynamo": False}
+    if not isinstance(destination, str | Path):
+        torch.onnx.export(module, (example,), destination, **arguments)
+        return
+    with tempfile.TemporaryDirectory() as scratch:  # torch writes one external file per weight there
+        exported = Path(scratch) / "model.onnx"
+        torch.onnx.export(module, (example,), str(exported), **arguments)
+        large = len(list(Path(scratch).iterdir())) > 1  # torch wrote external data: over 2 GB
+        onnx.save_model(onnx.load(str(exported)), str(destination), save_as_external_data=large,
+                        all_tensors_to_one_file=True, location=f"{Path(destination).name}.data")
 
 
 def network(name: str, batch: int):
