@@ -23,6 +23,7 @@ from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.cost.measured import MeasuredCost
 from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel
 from tvmsched.executor import create_executor
+from tvmsched.executor.base import sample_value
 from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
@@ -56,6 +57,7 @@ class ModelMeta:
     tuned_kernels: tuple[str, ...] = ()  # symbols scheduled from the tuning log; the rest use defaults
     tuning_log: str | None = None
     kernels_hash: str = ""  # of the scheduled kernels, so stage latencies measured for them stay theirs
+    fallbacks: tuple[tuple[str, str], ...] = ()  # (symbol, why) of kernels whose first schedule failed
     constant_inputs: tuple[ConstantInput, ...] = ()
 
     def to_json(self) -> dict:
@@ -63,6 +65,7 @@ class ModelMeta:
                 "outputs": [spec.to_json() for spec in self.outputs], "target": self.target.to_json(),
                 "tvm_version": self.tvm_version, "tuned_kernels": list(self.tuned_kernels),
                 "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash,
+                "fallbacks": dict(self.fallbacks),
                 "constant_inputs": [constant.to_json() for constant in self.constant_inputs]}
 
     @classmethod
@@ -73,6 +76,7 @@ class ModelMeta:
                    tuple(TensorSpec.from_json(spec) for spec in data["outputs"]),
                    TargetSpec.from_json(data["target"]), data["tvm_version"],
                    tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""),
+                   tuple(data.get("fallbacks", {}).items()),
                    tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())))
 
 
@@ -126,6 +130,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
                     for name, tensor in zip(output_names, graph.outputs))
     meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
                      str(log.directory) if database else None, built.kernels_hash,
+                     tuple(sorted(built.fallbacks.items())),
                      tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()))
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
@@ -270,9 +275,9 @@ class CompiledModel:
         return arrays
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Standard-normal inputs of the right shapes and dtypes."""
+        """Inputs of the right shapes and dtypes: standard-normal floats, zero integers (`sample_value`)."""
         rng = np.random.default_rng(seed)
-        return {spec.name: rng.standard_normal(spec.shape).astype(spec.dtype) for spec in self.inputs}
+        return {spec.name: sample_value(spec.shape, spec.dtype, rng) for spec in self.inputs}
 
     def benchmark(self, warmup: int = 10, repeat: int = 50) -> dict:
         """Median, min and max milliseconds of `repeat` inferences after `warmup` ones, inputs already on

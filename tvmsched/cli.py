@@ -253,6 +253,8 @@ def _compiled(args):
     console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key} "
                   f"({tuned}), {model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
+    for symbol, why in model.meta.fallbacks:
+        console.print(f"  kernel {symbol}: {why}")
     return model
 
 
