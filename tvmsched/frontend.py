@@ -65,8 +65,8 @@ def load_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
         except Exception as error:  # protobuf raises several unrelated types
             raise ModelLoadError(f"'{path}' is not a readable ONNX model ({error}); "
                                  f"re-export it or check that the file is complete") from error
-    try:
-        onnx.checker.check_model(proto)
+    try:  # by path where there is one: the checker serializes a proto, which protobuf caps at 2 GB
+        onnx.checker.check_model(proto if isinstance(model, onnx.ModelProto) else str(model))
     except onnx.checker.ValidationError as error:
         first_line = str(error).strip().splitlines()[0]
         raise ModelLoadError(f"the ONNX model is invalid: {first_line}; re-export it with a "
