@@ -15,3 +15,7 @@ def register_converter(op_type: str):
         CONVERTERS[op_type] = cls
         return cls
     return register
+
+
+# The converter modules register themselves on import (kept sorted to ease merging).
+from tvmsched.converters import constant, elementwise, nn, refused  # noqa: E402, F401

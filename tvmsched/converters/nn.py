@@ -1,0 +1,192 @@
+"""Neural-network ops where TVM's converter is wrong or incomplete: ConvTranspose's output_shape and SAME
+padding, Dropout's mask, SpaceToDepth's CRD mode, MaxPool's Indices output, RoiAlign's max mode."""
+
+from __future__ import annotations
+
+from tvm import relax, te, tirx
+from tvm.relax.frontend.onnx import onnx_frontend
+
+from tvmsched.converters import register_converter
+from tvmsched.converters.common import constant_value, refuse, static_shape, text_attribute
+
+
+@register_converter("ConvTranspose")
+class ConvTranspose(onnx_frontend.ConvTranspose):
+    """Pads derived from `output_shape` or SAME auto_pad as the ONNX spec derives them (TVM's converter
+    ignores output_shape and clamps a negative SAME padding to 0, giving a smaller output). A negative pad
+    grows the output: those rows are zeros (plus the bias) around the transposed convolution."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x, weight, bias = inputs[0], inputs[1], inputs[2]
+        spatial = static_shape(x)[2:]
+        rank = len(spatial)
+        strides = list(attr.get("strides", [1] * rank))
+        dilations = list(attr.get("dilations", [1] * rank))
+        output_padding = list(attr.get("output_padding", [0] * rank))
+        kernel = list(attr.get("kernel_shape", static_shape(weight)[2:]))
+        auto_pad = text_attribute(attr, "auto_pad", "NOTSET")
+        if "output_shape" in attr or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            target = list(attr["output_shape"])[-rank:] if "output_shape" in attr else [
+                size * stride for size, stride in zip(spatial, strides)]
+            total = [stride * (size - 1) + extra + (k - 1) * dilation + 1 - out for size, stride, extra, k,
+                     dilation, out in zip(spatial, strides, output_padding, kernel, dilations, target)]
+            if "output_shape" not in attr and min(total) < 0:
+                raise refuse(f"auto_pad {auto_pad} with strides {strides} wider than the kernel",
+                             "the ONNX spec grows the output to input * stride there, onnxruntime does not")
+            begin = [pad // 2 if auto_pad == "SAME_UPPER" else pad - pad // 2 for pad in total]
+            pads = begin + [pad - start for pad, start in zip(total, begin)]
+        elif auto_pad == "VALID":
+            pads = [0] * (2 * rank)
+        else:
+            pads = list(attr.get("pads", [0] * (2 * rank)))
+        conv_attr = {key: value for key, value in attr.items() if key not in ("auto_pad", "output_shape")}
+        conv_attr["pads"] = [max(pad, 0) for pad in pads]
+        result = super()._impl_v1(bb, [x, weight, None], conv_attr, params)
+        if any(pad < 0 for pad in pads):
+            grow = [-min(pad, 0) for axis in range(rank) for pad in (pads[axis], pads[rank + axis])]
+            result = relax.op.nn.pad(result, [0, 0, 0, 0, *grow])
+        if bias is not None:
+            result = relax.op.add(result, relax.op.reshape(bias, [1, -1] + [1] * rank))
+        return result
+
+
+@register_converter("Dropout")
+class Dropout(onnx_frontend.OnnxOpConverter):
+    """Inference: the output is the input and the mask all true. Before opset 12 the inference mask is
+    refused (ONNX's reference makes it true, onnxruntime false), and so is training mode, where the output is
+    random, unless its ratio is a constant 0."""
+
+    @classmethod
+    def _inference(cls, x: relax.Expr) -> relax.Tuple:
+        return relax.Tuple([x, relax.op.ones(x.ty.shape, "bool")])
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        if attr["tvm_custom"]["num_outputs"] > 1:
+            raise refuse("the mask output before opset 12", "ONNX's reference makes it all true and "
+                         "onnxruntime all false; export with opset 12 or later")
+        return inputs[0]
+
+    @classmethod
+    def _impl_v12(cls, bb, inputs, attr, params):
+        x, ratio, training = inputs[0], inputs[1], inputs[2]
+        if training is not None:
+            mode = constant_value(training)
+            if mode is None:
+                raise refuse("a training_mode computed at run time", "training-mode dropout is random; "
+                             "export the model for inference (training_mode false or absent)")
+            rate = None if ratio is None else constant_value(ratio)
+            if bool(mode) and (rate is None or float(rate) != 0):
+                raise refuse("training_mode true", "training-mode dropout is random (unless its ratio is a "
+                             "constant 0); export the model for inference")
+        return cls._inference(x)
+
+
+@register_converter("SpaceToDepth")
+class SpaceToDepth(onnx_frontend.SpaceToDepth):
+    """Opset 28 added mode CRD (the channel-major order DepthToSpace has); TVM converts DCR only."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        mode = text_attribute(attr, "mode", "DCR")
+        if mode == "DCR":
+            return super()._impl_v1(bb, inputs, attr, params)
+        if mode != "CRD":
+            raise refuse(f"mode '{mode}'", "ONNX defines DCR and CRD")
+        block = int(attr["blocksize"])
+        batch, channels, height, width = static_shape(inputs[0])
+        x = relax.op.reshape(inputs[0], (batch, channels, height // block, block, width // block, block))
+        x = relax.op.permute_dims(x, [0, 1, 3, 5, 2, 4])
+        return relax.op.reshape(x, (batch, channels * block * block, height // block, width // block))
+
+
+@register_converter("RoiAlign")
+class RoiAlign(onnx_frontend.RoiAlign):
+    """Mode max is refused: ONNX's reference takes the largest of the bilinear corner terms, onnxruntime and
+    TVM pool differently, and they disagree."""
+
+    @classmethod
+    def _impl(cls, bb, inputs, attr, params, default_coordinate_transformation_mode):
+        if text_attribute(attr, "mode", "avg") != "avg":
+            raise refuse("mode 'max'", "implementations disagree on it (ONNX's reference maximizes the "
+                         "bilinear corner terms); use mode 'avg'")
+        return super()._impl(bb, inputs, attr, params, default_coordinate_transformation_mode)
+
+
+@register_converter("MaxPool")
+class MaxPool(onnx_frontend.MaxPool):
+    """TVM pools the values; the optional Indices output (the flat input index of each window's first maximum,
+    row-major, or column-major over H and W with storage_order 1) is computed here."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        values = bb.emit(super()._impl_v1(bb, inputs, attr, params))
+        if attr["tvm_custom"]["num_outputs"] < 2:
+            return values
+        pooled, pads = static_shape(values)[2:], _pads_before(inputs[0], values, attr)
+        indices = bb.emit_te(lambda data: _pool_indices(data, pooled, pads, attr), inputs[0])
+        return relax.Tuple([values, indices])
+
+
+def _pads_before(x: relax.Expr, values: relax.Expr, attr: dict) -> list[int]:
+    """The padding before each spatial axis, given the output size TVM's pool computed."""
+    spatial, pooled = static_shape(x)[2:], static_shape(values)[2:]
+    rank = len(spatial)
+    auto_pad = text_attribute(attr, "auto_pad", "NOTSET")
+    if auto_pad == "VALID":
+        return [0] * rank
+    if auto_pad == "NOTSET":
+        return list(attr.get("pads", [0] * (2 * rank)))[:rank]
+    strides = attr.get("strides", [1] * rank)
+    dilations = attr.get("dilations", [1] * rank)
+    total = [(out - 1) * stride + (k - 1) * dilation + 1 - size for out, stride, k, dilation, size in
+             zip(pooled, strides, attr["kernel_shape"], dilations, spatial)]
+    return [max(pad, 0) // 2 if auto_pad == "SAME_UPPER" else max(pad, 0) - max(pad, 0) // 2 for pad in total]
+
+
+def _pool_indices(data: te.Tensor, pooled: tuple[int, ...], pads: list[int], attr: dict) -> te.Tensor:
+    """int64 flat index of the first maximum of each pooling window (first in row-major scan order)."""
+    shape = [int(dim) for dim in data.shape]
+    spatial = shape[2:]
+    rank = len(spatial)
+    strides = attr.get("strides", [1] * rank)
+    dilations = attr.get("dilations", [1] * rank)
+    column_major = attr.get("storage_order", 0) == 1
+    if column_major and rank != 2:
+        raise refuse(f"storage_order 1 for a {rank}-D MaxPool", "ONNX defines the column-major index for 2-D")
+    window = [te.reduce_axis((0, k), name=f"k{axis}") for axis, k in enumerate(attr["kernel_shape"])]
+    reducer = te.comm_reducer(_first_max, _first_max_identity, name="first_max")
+    lowest = tirx.min_value(data.dtype)
+
+    def compute(n, c, *out):
+        position = [out[axis] * strides[axis] - pads[axis] + window[axis] * dilations[axis] for axis in
+                    range(rank)]
+        inside = tirx.all(*[tirx.all(index >= 0, index < size) for index, size in zip(position, spatial)])
+        flat = n * shape[1] + c
+        for index, size in zip(position, spatial):
+            flat = flat * size + index
+        value = tirx.Select(inside, data[(n, c, *[tirx.max(tirx.min(index, size - 1), 0) for index, size
+                                                   in zip(position, spatial)])], lowest)
+        order = tirx.Select(inside, flat.astype("int64"), tirx.max_value("int64"))
+        return reducer((order, value), axis=window)
+
+    first, _ = te.compute((*shape[:2], *pooled), compute, name="pool_argmax")
+    if not column_major:
+        return first
+    height, width = spatial
+
+    def transpose(*index):
+        plane, within = first(*index) // (height * width), first(*index) % (height * width)
+        return plane * (height * width) + within // width + (within % width) * height
+    return te.compute(first.shape, transpose, name="pool_argmax_column_major")
+
+
+def _first_max(left, right):
+    """Combine (scan order, value) pairs: the larger value, the earlier position on ties."""
+    take_right = tirx.any(right[1] > left[1], tirx.all(right[1] == left[1], right[0] < left[0]))
+    return tirx.Select(take_right, right[0], left[0]), tirx.Select(take_right, right[1], left[1])
+
+
+def _first_max_identity(order_dtype, value_dtype):
+    return tirx.max_value(order_dtype), tirx.min_value(value_dtype)
