@@ -53,3 +53,11 @@ def test_optional_input_is_refused():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(UnsupportedOperator, match=r"input 'x' is not a tensor \(optional_type\)"):
         tvmsched.compile(model, target="llvm")
+
+
+def test_optional_ops_on_a_tensor():
+    x = np.arange(3, dtype="float32")
+    check_node(helper.make_node("OptionalGetElement", ["x"], ["y"]), {"x": x}, reference="reference")
+    nodes = [helper.make_node("OptionalHasElement", ["x"], ["has"]),
+             helper.make_node("Not", ["has"], ["y"])]
+    check_node(nodes, {"x": x}, reference="reference")

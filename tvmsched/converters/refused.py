@@ -34,8 +34,7 @@ def _refuse(reason: str, *op_types: str) -> None:
 _refuse(f"it works on sequences of tensors, and {_STATIC} (tensors in, tensors out)", "SequenceAt",
         "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength",
         "SequenceMap", "SplitToSequence", "ConcatFromSequence")
-_refuse(f"it works on optional values, and {_STATIC} (tensors in, tensors out)", "Optional",
-        "OptionalHasElement", "OptionalGetElement")
+_refuse(f"it makes an optional value, and {_STATIC} (tensors in, tensors out)", "Optional")
 _refuse(f"its body runs a number of times known at run time, and {_STATIC}", "Loop", "Scan")
 _refuse(f"it processes text, and {_STATIC} of numbers", "StringConcat", "StringSplit", "StringNormalizer",
         "RegexFullMatch", "TfIdfVectorizer")
@@ -73,3 +72,22 @@ class Compress(onnx_frontend.OnnxOpConverter):
         else:
             axis = int(attr["axis"])
         return relax.op.take(data, relax.const(np.nonzero(condition)[0].astype("int64"), "int64"), axis)
+
+
+@register_converter("OptionalGetElement")
+class OptionalGetElement(onnx_frontend.OnnxOpConverter):
+    """Of a tensor, the tensor itself (an optional value never gets here: Optional and optional inputs are
+    refused)."""
+
+    @classmethod
+    def _impl_v15(cls, bb, inputs, attr, params):
+        return inputs[0]
+
+
+@register_converter("OptionalHasElement")
+class OptionalHasElement(onnx_frontend.OnnxOpConverter):
+    """Of a tensor, true; of no input, false."""
+
+    @classmethod
+    def _impl_v15(cls, bb, inputs, attr, params):
+        return relax.const(inputs[0] is not None, "bool")
