@@ -1,5 +1,6 @@
 """Elementwise ops where TVM's converter is wrong (BitShift out of range, IsInf's detect flags, Mod of floats
-with fmod=0, Mish's precision, Pow of mixed or integer dtypes) or missing (Swish, Celu, BitCast, EyeLike)."""
+with fmod=0, Mish's precision, Pow of mixed or integer dtypes, Round on CUDA, activations of float16) or
+missing (Swish, Celu, BitCast, EyeLike)."""
 
 from __future__ import annotations
 
@@ -173,6 +174,20 @@ class Swish(_FloatMap):
     @classmethod
     def function(cls, value, dtype, attr):
         return value * tirx.sigmoid(tirx.const(float(attr.get("alpha", 1.0)), dtype) * value)
+
+
+def round_half_even(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+    """x rounded half to even by `nearbyint`: TVM's `round` is CUDA's roundf there, half away from zero."""
+    def compute(data):
+        return te.compute(data.shape, lambda *index: tirx.nearbyint(data(*index)), name="round_half_even")
+    return bb.emit_te(compute, bb.emit(x))
+
+
+@register_converter("Round")
+class Round(OnnxOpConverter):
+    @classmethod
+    def _impl_v11(cls, bb, inputs, attr, params):
+        return round_half_even(bb, inputs[0])
 
 
 @register_converter("Pow")
