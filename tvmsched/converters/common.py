@@ -57,3 +57,8 @@ def required_constant(expr: relax.Expr, what: str) -> np.ndarray:
 def refuse(what: str, why: str) -> UnsupportedOperator:
     """The error for an attribute or input value the converter cannot convert correctly."""
     return UnsupportedOperator(f"{what} is not supported: {why}")
+
+
+def take(value: relax.Expr, indices, axis: int) -> relax.Expr:
+    """`value` at constant `indices` (an int drops the axis) of `axis`; TVM's default mode warns on each."""
+    return relax.op.take(value, relax.const(np.asarray(indices, "int64")), axis, mode="clip")

@@ -10,7 +10,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from tvmsched.converters import register_converter
-from tvmsched.converters.common import constant_value
+from tvmsched.converters.common import constant_value, take
 from tvmsched.errors import UnsupportedOperator
 
 _STATIC = "tvmsched compiles tensor programs with static shapes"
@@ -71,7 +71,7 @@ class Compress(onnx_frontend.OnnxOpConverter):
             data, axis = relax.op.reshape(data, [-1]), 0
         else:
             axis = int(attr["axis"])
-        return relax.op.take(data, relax.const(np.nonzero(condition)[0].astype("int64"), "int64"), axis)
+        return take(data, np.nonzero(condition)[0], axis)
 
 
 @register_converter("OptionalGetElement")

@@ -16,7 +16,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from tvmsched.converters import register_converter
-from tvmsched.converters.common import dtype_of, refuse, required_constant, static_shape, text_attribute
+from tvmsched.converters.common import dtype_of, refuse, required_constant, static_shape, take, text_attribute
 
 
 @dataclass(frozen=True)
@@ -113,9 +113,9 @@ def resample_axis(bb: relax.BlockBuilder, data: relax.Expr, axis: int, taps: Axi
     shape = static_shape(data)
     dtype = dtype_of(data)
     if count == 1:
-        result = relax.op.take(data, relax.const(taps.indices[:, 0]), axis, mode="clip")
+        result = take(data, taps.indices[:, 0], axis)
     else:
-        gathered = relax.op.take(data, relax.const(taps.indices.reshape(-1)), axis, mode="clip")
+        gathered = take(data, taps.indices.reshape(-1), axis)
         gathered = relax.op.reshape(gathered, [*shape[:axis], out_size, count, *shape[axis + 1:]])
         trailing = [1] * (len(shape) - axis - 1)
         weights = relax.const(taps.weights.reshape(out_size, count, *trailing).astype(dtype))
