@@ -90,3 +90,30 @@ def test_roi_align_max_mode_is_refused():
                               "batch": np.zeros((1,), "int64")}, 16)
     with pytest.raises(UnsupportedOperator, match=r"node 'roi' \(RoiAlign\) \(opset 16\): mode 'max'"):
         tvmsched.compile(model, target="llvm")
+
+
+@pytest.mark.parametrize("kernel, past, activation, dtype", [(3, True, "silu", "float32"),
+                                                             (4, False, "none", "float16"),
+                                                             (1, False, "swish", "float32")])
+def test_causal_conv_with_state(kernel, past, activation, dtype):
+    x = RNG.standard_normal((2, 3, 5)).astype(dtype)
+    constants = {"w": RNG.standard_normal((3, 1, kernel)).astype(dtype),
+                 "b": RNG.standard_normal(3).astype(dtype)}
+    inputs = {"x": x, **({"past": RNG.standard_normal((2, 3, kernel - 1)).astype(dtype)} if past else {})}
+    node = helper.make_node("CausalConvWithState", ["x", "w", "b", "past" if past else ""], ["y", "state"],
+                            activation=activation)
+    tolerance = 2e-3 if dtype == "float16" else 1e-5
+    check_node(node, inputs, opset=27, constants=constants, reference="reference", rtol=tolerance,
+               atol=tolerance)
+
+
+@pytest.mark.parametrize("attributes", [{}, {"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}])
+def test_col2im(attributes):
+    image, block = np.array([6, 5], "int64"), np.array([2, 3], "int64")
+    strides, dilations = attributes.get("strides", [1, 1]), attributes.get("dilations", [1, 1])
+    pads = attributes.get("pads", [0, 0, 0, 0])
+    count = [(image[axis] + pads[axis] + pads[2 + axis] - dilations[axis] * (block[axis] - 1) - 1)
+             // strides[axis] + 1 for axis in range(2)]
+    x = RNG.standard_normal((2, 2 * 6, int(np.prod(count)))).astype("float32")
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attributes)
+    check_node(node, {"x": x}, constants={"image": image, "block": block})

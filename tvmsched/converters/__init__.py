@@ -18,4 +18,4 @@ def register_converter(op_type: str):
 
 
 # The converter modules register themselves on import (kept sorted to ease merging).
-from tvmsched.converters import constant, elementwise, nn, quantize, recurrent, refused, resize  # noqa: E402, F401, I001
+from tvmsched.converters import axis, constant, elementwise, nn, quantize, recurrent, refused, resize  # noqa: E402, F401

@@ -1,13 +1,22 @@
-"""Neural-network ops where TVM's converter is wrong or incomplete: ConvTranspose's output_shape and SAME
-padding, Dropout's mask, SpaceToDepth's CRD mode, MaxPool's Indices output, RoiAlign's max mode."""
+"""Neural-network ops where TVM's converter is wrong or incomplete (ConvTranspose's output_shape and SAME
+padding, Dropout's mask, SpaceToDepth's CRD mode, MaxPool's Indices output, RoiAlign's max mode) or missing
+(CausalConvWithState, Col2Im)."""
 
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax, te, tirx
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from tvmsched.converters import register_converter
-from tvmsched.converters.common import constant_value, refuse, static_shape, text_attribute
+from tvmsched.converters.common import (
+    constant_value,
+    dtype_of,
+    refuse,
+    required_constant,
+    static_shape,
+    text_attribute,
+)
 
 
 @register_converter("ConvTranspose")
@@ -190,3 +199,64 @@ def _first_max(left, right):
 
 def _first_max_identity(order_dtype, value_dtype):
     return tirx.max_value(order_dtype), tirx.min_value(value_dtype)
+
+
+@register_converter("CausalConvWithState")
+class CausalConvWithState(onnx_frontend.OnnxOpConverter):
+    """A depthwise 1-D convolution over the past state (zeros if absent) followed by the input, optionally
+    with SiLU; the present state is the last k - 1 positions of that sequence."""
+
+    @classmethod
+    def _impl_v27(cls, bb, inputs, attr, params):
+        x, weight, bias, past = inputs[:4]
+        batch, channels, length = static_shape(x)
+        kernel = static_shape(weight)[2]
+        dtype = dtype_of(x)
+        history = past if past is not None else relax.op.zeros((batch, channels, kernel - 1), dtype)
+        padded = bb.normalize(relax.op.concat([history, x], axis=2) if kernel > 1 else x)
+        wide = "float64" if dtype == "float64" else "float32"  # float16 accumulates in float32
+        result = relax.op.nn.conv1d(padded, weight, groups=channels, out_dtype=wide)
+        if bias is not None:
+            result = relax.op.add(result, relax.op.astype(relax.op.reshape(bias, [1, channels, 1]), wide))
+        activation = text_attribute(attr, "activation", "none")
+        if activation in ("silu", "swish"):
+            result = relax.op.multiply(result, relax.op.sigmoid(result))
+        elif activation != "none":
+            raise refuse(f"activation '{activation}'", "ONNX defines none, silu and swish")
+        result = relax.op.astype(result, dtype)
+        present = relax.op.strided_slice(padded, [2], [length], [length + kernel - 1])
+        return relax.Tuple([result, present])
+
+
+@register_converter("Col2Im")
+class Col2Im(onnx_frontend.OnnxOpConverter):
+    """Each image position sums the column entries of every block that covers it (PyTorch's fold)."""
+
+    @classmethod
+    def _impl_v18(cls, bb, inputs, attr, params):
+        image = [int(size) for size in required_constant(inputs[1], "input 'image_shape'").tolist()]
+        block = [int(size) for size in required_constant(inputs[2], "input 'block_shape'").tolist()]
+        rank = len(image)
+        strides = list(attr.get("strides", [1] * rank))
+        dilations = list(attr.get("dilations", [1] * rank))
+        pads = list(attr.get("pads", [0] * (2 * rank)))
+        counts = [(size + pads[axis] + pads[rank + axis] - dilations[axis] * (block[axis] - 1) - 1)
+                  // strides[axis] + 1 for axis, size in enumerate(image)]
+
+        def compute(columns):
+            batch, rows, _ = (int(dim) for dim in columns.shape)
+            taps = [te.reduce_axis((0, size), name=f"k{axis}") for axis, size in enumerate(block)]
+
+            def fold(n, c, *position):
+                starts = [position[axis] + pads[axis] - taps[axis] * dilations[axis] for axis in range(rank)]
+                covered = tirx.all(*[tirx.all(start % strides[axis] == 0, start >= 0,
+                                              start // strides[axis] < counts[axis])
+                                     for axis, start in enumerate(starts)])
+                row, column = c, 0
+                for axis in range(rank):
+                    row = row * block[axis] + taps[axis]
+                    column = column * counts[axis] + tirx.max(starts[axis], 0) // strides[axis]
+                value = columns[n, row, tirx.min(column, columns.shape[2] - 1)]
+                return te.sum(tirx.Select(covered, value, tirx.const(0, columns.dtype)), axis=taps)
+            return te.compute((batch, rows // int(np.prod(block)), *image), fold, name="col2im")
+        return bb.emit_te(compute, inputs[0])
