@@ -117,3 +117,23 @@ def test_col2im(attributes):
     x = RNG.standard_normal((2, 2 * 6, int(np.prod(count)))).astype("float32")
     node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attributes)
     check_node(node, {"x": x}, constants={"image": image, "block": block})
+
+
+@pytest.mark.parametrize("attributes, masked", [
+    ({}, False),
+    ({"group": 2, "offset_group": 2, "pads": [1, 0, 1, 1], "strides": [2, 1], "dilations": [1, 2]}, True)])
+def test_deform_conv(attributes, masked):
+    x = RNG.standard_normal((2, 4, 7, 6)).astype("float32")
+    groups, offset_groups = attributes.get("group", 1), attributes.get("offset_group", 1)
+    strides, dilations = attributes.get("strides", [1, 1]), attributes.get("dilations", [1, 1])
+    pads = attributes.get("pads", [0, 0, 0, 0])
+    out = [(size + pads[axis] + pads[axis + 2] - dilations[axis] * 2 - 1) // strides[axis] + 1
+           for axis, size in enumerate((7, 6))]
+    inputs = {"x": x, "offset": 1.5 * RNG.standard_normal((2, offset_groups * 18, *out)).astype("float32")}
+    if masked:
+        inputs["mask"] = RNG.uniform(0, 1, (2, offset_groups * 9, *out)).astype("float32")
+    constants = {"w": RNG.standard_normal((6, 4 // groups, 3, 3)).astype("float32"),
+                 "b": RNG.standard_normal(6).astype("float32")}
+    node = helper.make_node("DeformConv", ["x", "w", "offset", "b", "mask" if masked else ""], ["y"],
+                            kernel_shape=[3, 3], **attributes)
+    check_node(node, inputs, opset=19, constants=constants, rtol=1e-4, atol=1e-4)

@@ -1,6 +1,6 @@
 """Neural-network ops where TVM's converter is wrong or incomplete (ConvTranspose's output_shape and SAME
 padding, Dropout's mask, SpaceToDepth's CRD mode, MaxPool's Indices output, RoiAlign's max mode) or missing
-(CausalConvWithState, Col2Im)."""
+(CausalConvWithState, Col2Im, DeformConv)."""
 
 from __future__ import annotations
 
@@ -260,3 +260,56 @@ class Col2Im(onnx_frontend.OnnxOpConverter):
                 return te.sum(tirx.Select(covered, value, tirx.const(0, columns.dtype)), axis=taps)
             return te.compute((batch, rows // int(np.prod(block)), *image), fold, name="col2im")
         return bb.emit_te(compute, inputs[0])
+
+
+@register_converter("DeformConv")
+class DeformConv(onnx_frontend.OnnxOpConverter):
+    """2-D deformable convolution: each kernel tap samples the input bilinearly (zero outside) at its offset
+    position, scaled by the mask; the samples of each group then meet the weights in one matmul."""
+
+    @classmethod
+    def _impl_v19(cls, bb, inputs, attr, params):
+        x, weight, offset, bias, mask = inputs[:5]
+        batch, channels = static_shape(x)[:2]
+        out_channels, group_channels, kernel_h, kernel_w = static_shape(weight)
+        out_h, out_w = static_shape(offset)[2:]
+        groups, offset_groups = int(attr.get("group", 1)), int(attr.get("offset_group", 1))
+        stride_h, stride_w = attr.get("strides", [1, 1])
+        dilation_h, dilation_w = attr.get("dilations", [1, 1])
+        pad_top, pad_left = list(attr.get("pads", [0, 0, 0, 0]))[:2]
+        taps = kernel_h * kernel_w
+
+        def sample(data, offsets, *scale):
+            def value(n, c, i, j, row, column):
+                tap = (c // (channels // offset_groups)) * taps + i * kernel_w + j
+                y = (row * stride_h - pad_top + i * dilation_h).astype(data.dtype) + offsets[n, 2 * tap, row,
+                                                                                            column]
+                x = (column * stride_w - pad_left + j * dilation_w).astype(data.dtype) + offsets[
+                    n, 2 * tap + 1, row, column]
+                total = _bilinear(data, n, c, y, x)
+                return total * scale[0][n, tap, row, column] if scale else total
+            return te.compute((batch, channels, kernel_h, kernel_w, out_h, out_w), value,
+                              name="deform_sample")
+
+        sampled = bb.emit_te(sample, x, offset, *([mask] if mask is not None else []))
+        columns = relax.op.reshape(sampled, [batch, groups, group_channels * taps, out_h * out_w])
+        kernels = relax.op.reshape(weight, [1, groups, out_channels // groups, group_channels * taps])
+        result = relax.op.reshape(relax.op.matmul(kernels, columns), [batch, out_channels, out_h, out_w])
+        if bias is not None:
+            result = relax.op.add(result, relax.op.reshape(bias, [1, out_channels, 1, 1]))
+        return result
+
+
+def _bilinear(data: te.Tensor, n, c, y, x):
+    """data[n, c] at the fractional position (y, x), each of the four corners outside it counting zero."""
+    height, width = (int(dim) for dim in data.shape[2:])
+    top, left = tirx.floor(y), tirx.floor(x)
+    total = tirx.const(0, data.dtype)
+    for corner_y, weight_y in ((top, 1 - (y - top)), (top + 1, y - top)):
+        for corner_x, weight_x in ((left, 1 - (x - left)), (left + 1, x - left)):
+            row, column = corner_y.astype("int64"), corner_x.astype("int64")
+            inside = tirx.all(row >= 0, row < height, column >= 0, column < width)
+            clamped = tirx.min(tirx.max(row, 0), height - 1), tirx.min(tirx.max(column, 0), width - 1)
+            pixel = data[(n, c, *clamped)]
+            total = total + tirx.Select(inside, pixel, tirx.const(0, data.dtype)) * weight_y * weight_x
+    return total
