@@ -12,6 +12,7 @@ from tvm.runtime import DataType, DataTypeCode
 
 from tvmsched.converters import register_converter
 from tvmsched.converters.common import dtype_of, onnx_dtype, refuse, static_shape, text_attribute
+from tvmsched.frontend import COMPUTED_DTYPES
 
 
 def _const(value, like: relax.Expr) -> relax.Expr:
@@ -231,18 +232,21 @@ class EyeLike(OnnxOpConverter):
         return relax.const(np.eye(*shape, k=int(attr.get("k", 0)), dtype=dtype), dtype)
 
 
+def _tensor_dtype(expr: relax.Expr) -> str | None:
+    """The element type of a tensor; None for a shape or a prim value (TVM keeps shape arithmetic so)."""
+    return dtype_of(expr) if isinstance(getattr(expr, "ty", None), relax.TensorType) else None
+
+
 class _CastChecked:
     """Refuses a Cast whose source or target element type TVM cannot compute with."""
 
     @classmethod
     def check(cls, source: relax.Expr, target: str) -> None:
-        from tvmsched.frontend import COMPUTED_DTYPES
-
-        dtypes = [target, dtype_of(source)] if isinstance(source.ty, relax.TensorType) else [target]
-        for dtype in dtypes:
-            if dtype not in COMPUTED_DTYPES:
-                raise refuse(f"a cast between {dtypes[-1]} and {target}", f"TVM cannot compute with {dtype} "
-                             f"(tvmsched computes with {', '.join(sorted(COMPUTED_DTYPES))})")
+        for dtype in (_tensor_dtype(source), target):
+            if dtype is not None and dtype not in COMPUTED_DTYPES:
+                raise refuse(f"a cast from {_tensor_dtype(source) or 'a shape'} to {target}",
+                             f"TVM cannot compute with {dtype} (tvmsched computes with "
+                             f"{', '.join(sorted(COMPUTED_DTYPES))})")
 
 
 @register_converter("Cast")
@@ -257,5 +261,5 @@ class Cast(_CastChecked, onnx_frontend.Cast):
 class CastLike(_CastChecked, onnx_frontend.CastLike):
     @classmethod
     def _impl_v15(cls, bb, inputs, attr, params):
-        cls.check(inputs[0], dtype_of(inputs[1]))
+        cls.check(inputs[0], _tensor_dtype(inputs[1]) or "int64")
         return super()._impl_v15(bb, inputs, attr, params)
