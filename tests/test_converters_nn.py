@@ -26,6 +26,16 @@ def test_conv_transpose_padding(attributes):
     check_node(node, {"x": x}, constants={"w": weight, "b": bias}, rtol=1e-4, atol=1e-5)
 
 
+def test_conv_transpose_output_shape_grown_past_the_stride_is_refused():
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", strides=[2, 2],
+                            output_shape=[9, 9])
+    model = node_model(node, {"x": np.zeros((1, 1, 3, 3), "float32")}, 18,
+                       {"w": np.ones((1, 1, 2, 2), "float32")})
+    with pytest.raises(UnsupportedOperator, match=r"node 'up' \(ConvTranspose\) \(opset 18\): output_shape "
+                                                  r"\[9, 9\] is not supported"):
+        tvmsched.compile(model, target="llvm")
+
+
 def test_conv_transpose_same_padding_with_a_wide_stride_is_refused():
     node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", strides=[3, 3],
                             auto_pad="SAME_LOWER")

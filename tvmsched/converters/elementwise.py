@@ -68,8 +68,13 @@ class Mod(OnnxOpConverter):
     @classmethod
     def _impl_v10(cls, bb, inputs, attr, params):
         x, y = inputs
-        if not _is_float(dtype_of(x)):
+        dtype = dtype_of(x)
+        if not _is_float(dtype):
             return (relax.op.mod if attr.get("fmod", 0) else relax.op.floor_mod)(x, y)
+        if DataType(dtype).bits < 32:  # CUDA has no 16-bit frem; NumPy computes float16 in float32 too
+            wide = [relax.op.astype(value, "float32") for value in (x, y)]
+            return relax.op.astype(cls._impl_v10(bb, [bb.normalize(value) for value in wide], attr, params),
+                                   dtype)
         remainder = bb.emit(relax.op.mod(x, y))
         if attr.get("fmod", 0):
             return remainder

@@ -22,8 +22,8 @@ from tvmsched.converters.common import (
 @register_converter("ConvTranspose")
 class ConvTranspose(onnx_frontend.ConvTranspose):
     """Pads derived from `output_shape` or SAME auto_pad as the ONNX spec derives them (TVM's converter
-    ignores output_shape and clamps a negative SAME padding to 0, giving a smaller output). A negative pad
-    grows the output: those rows are zeros (plus the bias) around the transposed convolution."""
+    ignores output_shape and clamps a negative SAME padding to 0, giving a smaller output). A negative end
+    pad grows the output by output_padding."""
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
@@ -49,15 +49,14 @@ class ConvTranspose(onnx_frontend.ConvTranspose):
             pads = [0] * (2 * rank)
         else:
             pads = list(attr.get("pads", [0] * (2 * rank)))
+        # A negative end pad grows the output at the end: output_padding (below the stride) does that.
+        extra = [padding - min(pads[rank + axis], 0) for axis, padding in enumerate(output_padding)]
+        if min(pads[:rank]) < 0 or any(padding >= stride for padding, stride in zip(extra, strides)):
+            raise refuse(f"output_shape {list(attr['output_shape'])}", "tvmsched grows a transposed "
+                         "convolution's output by less than its stride, at the end only")
         conv_attr = {key: value for key, value in attr.items() if key not in ("auto_pad", "output_shape")}
-        conv_attr["pads"] = [max(pad, 0) for pad in pads]
-        result = super()._impl_v1(bb, [x, weight, None], conv_attr, params)
-        if any(pad < 0 for pad in pads):
-            grow = [-min(pad, 0) for axis in range(rank) for pad in (pads[axis], pads[rank + axis])]
-            result = relax.op.nn.pad(result, [0, 0, 0, 0, *grow])
-        if bias is not None:
-            result = relax.op.add(result, relax.op.reshape(bias, [1, -1] + [1] * rank))
-        return result
+        conv_attr.update(pads=[max(pad, 0) for pad in pads], output_padding=extra)
+        return super()._impl_v1(bb, [x, weight, bias], conv_attr, params)
 
 
 @register_converter("Dropout")
@@ -133,8 +132,8 @@ class MaxPool(onnx_frontend.MaxPool):
         values = bb.emit(super()._impl_v1(bb, inputs, attr, params))
         if attr["tvm_custom"]["num_outputs"] < 2:
             return values
-        pooled, pads = static_shape(values)[2:], _pads_before(inputs[0], values, attr)
-        indices = bb.emit_te(lambda data: _pool_indices(data, pooled, pads, attr), inputs[0])
+        pads = _pads_before(inputs[0], values, attr)
+        indices = bb.emit_te(lambda data, pooled: _pool_indices(data, pooled, pads, attr), inputs[0], values)
         return relax.Tuple([values, indices])
 
 
@@ -154,8 +153,10 @@ def _pads_before(x: relax.Expr, values: relax.Expr, attr: dict) -> list[int]:
     return [max(pad, 0) // 2 if auto_pad == "SAME_UPPER" else max(pad, 0) - max(pad, 0) // 2 for pad in total]
 
 
-def _pool_indices(data: te.Tensor, pooled: tuple[int, ...], pads: list[int], attr: dict) -> te.Tensor:
-    """int64 flat index of the first maximum of each pooling window (first in row-major scan order)."""
+def _pool_indices(data: te.Tensor, values: te.Tensor, pads: list[int], attr: dict) -> te.Tensor:
+    """int64 flat index of the first maximum of each pooling window: the smallest index (row-major order is
+    scan order) among the window's elements equal to the pooled value, a min-reduction every target
+    schedules (an argmax reducer over pairs has no cross-thread reduction on CUDA)."""
     shape = [int(dim) for dim in data.shape]
     spatial = shape[2:]
     rank = len(spatial)
@@ -165,8 +166,6 @@ def _pool_indices(data: te.Tensor, pooled: tuple[int, ...], pads: list[int], att
     if column_major and rank != 2:
         raise refuse(f"storage_order 1 for a {rank}-D MaxPool", "ONNX defines the column-major index for 2-D")
     window = [te.reduce_axis((0, k), name=f"k{axis}") for axis, k in enumerate(attr["kernel_shape"])]
-    reducer = te.comm_reducer(_first_max, _first_max_identity, name="first_max")
-    lowest = tirx.min_value(data.dtype)
 
     def compute(n, c, *out):
         position = [out[axis] * strides[axis] - pads[axis] + window[axis] * dilations[axis] for axis in
@@ -175,12 +174,11 @@ def _pool_indices(data: te.Tensor, pooled: tuple[int, ...], pads: list[int], att
         flat = n * shape[1] + c
         for index, size in zip(position, spatial):
             flat = flat * size + index
-        value = tirx.Select(inside, data[(n, c, *[tirx.max(tirx.min(index, size - 1), 0) for index, size
-                                                   in zip(position, spatial)])], lowest)
-        order = tirx.Select(inside, flat.astype("int64"), tirx.max_value("int64"))
-        return reducer((order, value), axis=window)
+        clamped = [tirx.max(tirx.min(index, size - 1), 0) for index, size in zip(position, spatial)]
+        maximum = tirx.all(inside, data[(n, c, *clamped)] == values[(n, c, *out)])
+        return te.min(tirx.Select(maximum, flat.astype("int64"), tirx.max_value("int64")), axis=window)
 
-    first, _ = te.compute((*shape[:2], *pooled), compute, name="pool_argmax")
+    first = te.compute(values.shape, compute, name="pool_argmax")
     if not column_major:
         return first
     height, width = spatial
@@ -191,20 +189,10 @@ def _pool_indices(data: te.Tensor, pooled: tuple[int, ...], pads: list[int], att
     return te.compute(first.shape, transpose, name="pool_argmax_column_major")
 
 
-def _first_max(left, right):
-    """Combine (scan order, value) pairs: the larger value, the earlier position on ties."""
-    take_right = tirx.any(right[1] > left[1], tirx.all(right[1] == left[1], right[0] < left[0]))
-    return tirx.Select(take_right, right[0], left[0]), tirx.Select(take_right, right[1], left[1])
-
-
-def _first_max_identity(order_dtype, value_dtype):
-    return tirx.max_value(order_dtype), tirx.min_value(value_dtype)
-
-
 @register_converter("CausalConvWithState")
 class CausalConvWithState(onnx_frontend.OnnxOpConverter):
-    """A depthwise 1-D convolution over the past state (zeros if absent) followed by the input, optionally
-    with SiLU; the present state is the last k - 1 positions of that sequence."""
+    """A depthwise causal 1-D convolution over the past state (zeros if absent) followed by the input,
+    optionally with SiLU; the present state is the last k - 1 positions of that sequence."""
 
     @classmethod
     def _impl_v27(cls, bb, inputs, attr, params):
@@ -215,7 +203,14 @@ class CausalConvWithState(onnx_frontend.OnnxOpConverter):
         history = past if past is not None else relax.op.zeros((batch, channels, kernel - 1), dtype)
         padded = bb.normalize(relax.op.concat([history, x], axis=2) if kernel > 1 else x)
         wide = "float64" if dtype == "float64" else "float32"  # float16 accumulates in float32
-        result = relax.op.nn.conv1d(padded, weight, groups=channels, out_dtype=wide)
+        # A sum of k shifted slices times their weights: one elementwise kernel (k is small, 4 in Mamba),
+        # where dlight's convolution schedules fail on CUDA for k = 1.
+        result = None
+        for tap in range(kernel):
+            window = relax.op.astype(relax.op.strided_slice(padded, [2], [tap], [tap + length]), wide)
+            scale = relax.op.reshape(relax.op.strided_slice(weight, [2], [tap], [tap + 1]), [channels, 1])
+            term = relax.op.multiply(window, relax.op.astype(scale, wide))
+            result = term if result is None else relax.op.add(result, term)
         if bias is not None:
             result = relax.op.add(result, relax.op.astype(relax.op.reshape(bias, [1, channels, 1]), wide))
         activation = text_attribute(attr, "activation", "none")
@@ -224,7 +219,10 @@ class CausalConvWithState(onnx_frontend.OnnxOpConverter):
         elif activation != "none":
             raise refuse(f"activation '{activation}'", "ONNX defines none, silu and swish")
         result = relax.op.astype(result, dtype)
-        present = relax.op.strided_slice(padded, [2], [length], [length + kernel - 1])
+        if kernel > 1:
+            present = relax.op.strided_slice(padded, [2], [length], [length + kernel - 1])
+        else:  # an empty state: a constant, since no kernel can compute a zero-size tensor on CUDA
+            present = relax.const(np.zeros((batch, channels, 0), dtype), dtype)
         return relax.Tuple([result, present])
 
 

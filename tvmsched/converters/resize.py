@@ -112,16 +112,16 @@ def resample_axis(bb: relax.BlockBuilder, data: relax.Expr, axis: int, taps: Axi
     out_size, count = taps.indices.shape
     shape = static_shape(data)
     dtype = dtype_of(data)
-    if count == 1:
-        result = take(data, taps.indices[:, 0], axis)
-    else:
-        gathered = take(data, taps.indices.reshape(-1), axis)
-        gathered = relax.op.reshape(gathered, [*shape[:axis], out_size, count, *shape[axis + 1:]])
-        trailing = [1] * (len(shape) - axis - 1)
-        weights = relax.const(taps.weights.reshape(out_size, count, *trailing).astype(dtype))
-        result = relax.op.sum(relax.op.multiply(gathered, weights), axis=[axis + 1])
+    trailing = [1] * (len(shape) - axis - 1)
+    result = None
+    for tap in range(count):  # a sum of gathers: an elementwise kernel (a reduction over taps trips dlight)
+        term = take(data, taps.indices[:, tap], axis)
+        if count > 1:  # nearest: a plain gather, exact for any dtype
+            term = relax.op.multiply(term, relax.const(taps.weights[:, tap].reshape(out_size, *trailing)
+                                                       .astype(dtype)))
+        result = term if result is None else relax.op.add(result, term)
     if taps.outside is not None and taps.outside.any():
-        mask = relax.const(taps.outside.reshape(out_size, *[1] * (len(shape) - axis - 1)))
+        mask = relax.const(taps.outside.reshape(out_size, *trailing))
         result = relax.op.where(mask, relax.const(sampling.extrapolation, dtype), result)
     return bb.normalize(result)
 
