@@ -61,7 +61,7 @@ def test_operator_of_another_domain_only_is_named_with_its_domain():
 @pytest.mark.parametrize("value, message", [
     (helper.make_tensor_sequence_value_info("input", onnx.TensorProto.FLOAT, [2]),
      r"is not a tensor \(sequence_type\)"),
-    (helper.make_tensor_value_info("input", onnx.TensorProto.STRING, [2]), "holds object elements"),
+    (helper.make_tensor_value_info("input", onnx.TensorProto.STRING, [2]), "holds strings"),
     (helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT8E4M3FN, [2]), "holds float8_e4m3fn")])
 def test_inputs_that_are_not_numeric_tensors_are_refused(value, message):
     graph = helper.make_graph([helper.make_node("Identity", ["input"], ["output"])], "g", [value],

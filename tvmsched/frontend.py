@@ -116,7 +116,8 @@ def _bind_one(value: onnx.ValueInfoProto, batch: int | None, override: tuple[int
     tensor_type = value.type.tensor_type
     dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
     if dtype not in COMPUTED_DTYPES:
-        raise UnsupportedOperator(f"input '{value.name}' holds {dtype} elements; tvmsched computes with "
+        what = "strings" if dtype == "object" else f"{dtype} elements"
+        raise UnsupportedOperator(f"input '{value.name}' holds {what}; tvmsched computes with "
                                   f"{', '.join(sorted(COMPUTED_DTYPES))}")
     dims = [dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or "?")
             for dim in tensor_type.shape.dim]

@@ -37,7 +37,8 @@ _refuse(f"it works on sequences of tensors, and {_STATIC} (tensors in, tensors o
 _refuse(f"it makes an optional value, and {_STATIC} (tensors in, tensors out)", "Optional")
 _refuse(f"its body runs a number of times known at run time, and {_STATIC}", "Loop", "Scan")
 _refuse(f"it processes text, and {_STATIC} of numbers", "StringConcat", "StringSplit", "StringNormalizer",
-        "RegexFullMatch", "TfIdfVectorizer")
+        "RegexFullMatch")
+_refuse("it counts the n-grams of token sequences, which tvmsched does not convert", "TfIdfVectorizer")
 _refuse(f"it decodes encoded image bytes, and {_STATIC} of numbers", "ImageDecoder")
 _refuse("it draws random numbers, and tvmsched compiles deterministic inference programs", "RandomNormal",
         "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial")
