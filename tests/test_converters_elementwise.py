@@ -108,3 +108,11 @@ def test_string_constant_is_refused():
     model = node_model(nodes, {"x": np.zeros((1,), "float32")}, 18)
     with pytest.raises(UnsupportedOperator, match=r"node 'words' \(Constant\).*value_string"):
         tvmsched.compile(model, target="llvm")
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Min", "Max"])
+def test_variadic_ops_broadcast_pairwise(op):
+    inputs = {"a": RNG.standard_normal((2, 1, 4)).astype("float32"),
+              "b": RNG.standard_normal((3, 1)).astype("float32"),
+              "c": RNG.standard_normal(4).astype("float32")}
+    check_node(helper.make_node(op, list(inputs), ["y"]), inputs)

@@ -237,6 +237,36 @@ class EyeLike(OnnxOpConverter):
         return relax.const(np.eye(*shape, k=int(attr.get("k", 0)), dtype=dtype), dtype)
 
 
+class _Pairwise:
+    """Sum, Mean, Min and Max of several inputs folded pairwise, with broadcasting: one elementwise kernel.
+    TVM's converter broadcasts every input to the full shape, stacks them and reduces the new axis, which
+    copies each input and is a reduction that dlight's GEMV rule fails on (CUDA)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return cls._impl_dynamic(bb, inputs)
+
+
+@register_converter("Sum")
+class Sum(_Pairwise, onnx_frontend.Sum):
+    pass
+
+
+@register_converter("Mean")
+class Mean(_Pairwise, onnx_frontend.Mean):
+    pass
+
+
+@register_converter("Min")
+class Min(_Pairwise, onnx_frontend.Min):
+    pass
+
+
+@register_converter("Max")
+class Max(_Pairwise, onnx_frontend.Max):
+    pass
+
+
 def _tensor_dtype(expr: relax.Expr) -> str | None:
     """The element type of a tensor; None for a shape or a prim value (TVM keeps shape arithmetic so)."""
     return dtype_of(expr) if isinstance(getattr(expr, "ty", None), relax.TensorType) else None
