@@ -35,9 +35,9 @@ def test_invalid_graph_is_reported():
 
 def test_unsupported_operator_names_node_and_op():
     nodes = [helper.make_node("Relu", ["input"], ["hidden"]),
-             helper.make_node("Celu", ["hidden"], ["output"], name="celu_7")]
+             helper.make_node("DFT", ["hidden"], ["output"], name="dft_7")]
     model = make_model(nodes, [tensor("input", [1, 4])], [tensor("output", [1, 4])], {})
-    with pytest.raises(UnsupportedOperator, match="node 'celu_7' uses 'Celu' .opset 18."):
+    with pytest.raises(UnsupportedOperator, match="node 'dft_7' uses 'DFT' .opset 18."):
         tvmsched.compile(model)
 
 
@@ -48,6 +48,31 @@ def test_custom_domain_operator_is_unsupported():
                                                     helper.make_opsetid("com.example", 1)])
     with pytest.raises(UnsupportedOperator, match="from domain com.example"):
         frontend.check_operators(model)
+
+
+def test_operator_of_another_domain_only_is_named_with_its_domain():
+    """A model importing ai.onnx.ml alone gets the op's name and domain, not a missing-opset error."""
+    node = helper.make_node("Binarizer", ["input"], ["output"], domain="ai.onnx.ml", name="bin")
+    graph = helper.make_graph([node], "g", [tensor("input", [2])], [tensor("output", [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)])
+    with pytest.raises(UnsupportedOperator, match="node 'bin' uses 'Binarizer' from domain ai.onnx.ml; "
+                                                  "tvmsched converts the default ONNX domain"):
+        tvmsched.compile(model, target="llvm")
+
+
+@pytest.mark.parametrize("value, error, message", [
+    (helper.make_tensor_sequence_value_info("input", onnx.TensorProto.FLOAT, [2]), ShapeBindingError,
+     "is a sequence value, not a tensor"),
+    (helper.make_tensor_value_info("input", onnx.TensorProto.STRING, [2]), UnsupportedOperator,
+     "holds strings"),
+    (helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT8E4M3FN, [2]), UnsupportedOperator,
+     "holds float8_e4m3fn")])
+def test_inputs_that_are_not_numeric_tensors_are_refused(value, error, message):
+    graph = helper.make_graph([helper.make_node("Identity", ["input"], ["output"])], "g", [value],
+                              [helper.make_tensor_value_info("output", onnx.TensorProto.UNDEFINED, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(error, match=f"input 'input' {message}"):
+        frontend.bind_input_shapes(model)
 
 
 def test_model_without_inputs():

@@ -14,6 +14,11 @@ from onnx import helper
 from tvmsched.errors import ModelLoadError, ShapeBindingError, UnsupportedOperator
 from tvmsched.fold import check_value_inputs, fold_shapes
 
+# The element types tvmsched computes with; TVM cannot run the 2-, 4- and 8-bit floats and integers
+# (their Casts give wrong values or crash the code generator).
+COMPUTED_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                             "float16", "bfloat16", "float32", "float64"})
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -89,16 +94,18 @@ def check_operators(proto: onnx.ModelProto) -> None:
     from tvmsched.importer import supported_ops
 
     supported = supported_ops()
-    opset = default_opset(proto)
     for index, node in enumerate(proto.graph.node):
-        domain_ok = node.domain in ("", "ai.onnx")
-        if not domain_ok or node.op_type not in supported:
-            name = node.name or f"#{index}"
+        name = node.name or f"#{index}"
+        if node.domain not in ("", "ai.onnx"):
             raise UnsupportedOperator(
-                f"node '{name}' uses '{node.op_type}'"
-                f"{f' from domain {node.domain}' if not domain_ok else ''} (opset {opset}), which the "
-                f"TVM Relax ONNX frontend cannot import; replace it in the exporter or decompose it "
-                f"into supported ops")
+                f"node '{name}' uses '{node.op_type}' from domain {node.domain}; tvmsched converts the "
+                f"default ONNX domain (ai.onnx) only: replace it in the exporter or decompose it into "
+                f"supported ops")
+        if node.op_type not in supported:
+            raise UnsupportedOperator(
+                f"node '{name}' uses '{node.op_type}' (opset {default_opset(proto)}), which the TVM Relax "
+                f"ONNX frontend cannot import; replace it in the exporter or decompose it into supported "
+                f"ops")
 
 
 def default_opset(proto: onnx.ModelProto) -> int:
@@ -146,6 +153,10 @@ def _declared(value: onnx.ValueInfoProto) -> tuple[str, list]:
                                 f"inputs")
     tensor_type = value.type.tensor_type
     dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+    if dtype not in COMPUTED_DTYPES:
+        what = "strings" if dtype == "object" else f"{dtype} elements"
+        raise UnsupportedOperator(f"input '{value.name}' holds {what}; tvmsched computes with "
+                                  f"{', '.join(sorted(COMPUTED_DTYPES))}")
     dims = [dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or "?")
             for dim in tensor_type.shape.dim]
     return dtype, dims

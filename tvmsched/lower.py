@@ -62,14 +62,15 @@ def fold_constant_calls(module: tvm.IRModule) -> tvm.IRModule:
 
 
 def _constant_calls(main: relax.Function) -> list[tuple[relax.Call, list[tvm.ir.Constant]]]:
-    """The single-output `call_tir`s of `main` whose arguments are constants (or variables bound to one)."""
+    """The single-output `call_tir`s of `main` of static shape whose arguments are constants (or variables
+    bound to one)."""
     bound, calls = {}, []
     for block in main.body.blocks:
         for binding in block.bindings:
             value = binding.value
             if isinstance(value, tvm.ir.Constant):
                 bound[binding.var.__chandle__()] = value
-            elif is_call_tir(value) and len(value.args) == 2 and _static(value.ty):
+            elif is_call_tir(value) and len(value.args) == 2 and is_static(value.ty):
                 fields = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else [value.args[1]]
                 args = [bound.get(arg.__chandle__()) if isinstance(arg, relax.Var) else arg for arg in fields]
                 if all(isinstance(arg, tvm.ir.Constant) for arg in args):
@@ -77,10 +78,10 @@ def _constant_calls(main: relax.Function) -> list[tuple[relax.Call, list[tvm.ir.
     return calls
 
 
-def _static(ty) -> bool:
-    """Whether `ty` is a tensor type of static shape (a call without arguments may compute a tensor whose
-    shape is a symbolic variable, e.g. Range over run-time bounds: nothing to fold)."""
-    return (isinstance(ty, relax.TensorType) and ty.shape is not None
+def is_static(ty) -> bool:
+    """Whether `ty` is a tensor type of static shape (a call may compute a tensor whose shape is a symbolic
+    variable, e.g. Range over run-time bounds: nothing to fold, and nothing the kernel graph can hold)."""
+    return (isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
             and all(isinstance(dim, tvm.tirx.IntImm) for dim in ty.shape.values))
 
 

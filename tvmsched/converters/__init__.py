@@ -16,7 +16,18 @@ def register_converter(op_type: str):
         return cls
     return register
 
-# Each module registers its converters when imported: one line per module, sorted.
-import tvmsched.converters.reduce  # noqa: E402,F401
-import tvmsched.converters.shape  # noqa: E402,F401
-import tvmsched.converters.sort  # noqa: E402,F401
+
+# The converter modules register themselves on import (kept sorted to ease merging).
+from tvmsched.converters import (  # noqa: E402, F401
+    axis,
+    constant,
+    elementwise,
+    nn,
+    quantize,
+    recurrent,
+    reduce,
+    refused,
+    resize,
+    shape,
+    sort,
+)
