@@ -10,6 +10,7 @@ import signal
 from collections import Counter
 
 import numpy as np
+import psutil
 import pytest
 import tvm
 from conftest import assert_matches, onnxruntime_outputs
@@ -238,6 +239,55 @@ def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurren
     assert trials < 4 * len(manifest["workloads"])  # stopped early
     # the handlers are the caller's again (a shell's background job starts with SIGINT ignored)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+def test_ctrl_c_in_a_terminal_counts_no_candidate_it_killed(tmp_path, branchy_model, monkeypatch):
+    """A terminal's Ctrl-C reaches the builder's and runner's worker processes too, and the candidates they
+    were building fail: those are no trials. The log holds no record of them, the manifest counts none, and
+    a resumed run tunes that kernel again."""
+    from tvmsched.tuning.builder import PooledBuilder
+
+    build = PooledBuilder._cls.build
+    calls = []
+
+    def build_then_ctrl_c(self, inputs):
+        calls.append(len(inputs))
+        if len(calls) == 3:  # the defaults, the first kernel's batch, then Ctrl-C during the second's
+            workers = psutil.Process().children(recursive=True)
+            for worker in workers:
+                os.kill(worker.pid, signal.SIGINT)
+            psutil.wait_procs(workers, timeout=60)
+            os.kill(os.getpid(), signal.SIGINT)
+        return build(self, inputs)
+
+    monkeypatch.setattr(PooledBuilder._cls, "build", build_then_ctrl_c)
+    log = TuningLog.for_target(LLVM, tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, **FAST))
+    manifest = log.manifest()["workloads"]
+    run_secs = [json.loads(line)[1][1] for line in lines(log.records_path)]
+    assert len(run_secs) == sum(entry["trials"] for entry in manifest.values())
+    assert all(max(seconds) < 1 for seconds in run_secs)  # no record of a killed candidate
+    done = {key for key, entry in manifest.items() if entry["trials"] == 4}
+    assert len(done) == 1  # the first kernel (a fresh worker may measure some of the second's batch)
+    monkeypatch.setattr(PooledBuilder._cls, "build", build)
+    again = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, **FAST))
+    assert sorted(task.workload for task in again.tasks) == sorted(set(manifest) - done)
+
+
+def test_a_candidate_whose_worker_died_or_was_cancelled_is_no_trial():
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmsched.tuning.kernels import is_trial
+
+    built, failed = ms.builder.BuilderResult("a.so", None), ms.builder.BuilderResult(None, "error: bad")
+    measured = ms.runner.RunnerResult([0.001], None)
+    assert is_trial(built, measured) and is_trial(failed, ms.runner.RunnerResult(None, "no artifact"))
+    assert is_trial(built, ms.runner.RunnerResult(None, "LocalRunner: Timeout, killed after 30 seconds"))
+    assert not is_trial(built, ms.runner.RunnerResult(None, "LocalRunner: An exception occurred\n"
+                                                            "Subprocess terminated"))
+    assert not is_trial(ms.builder.BuilderResult(None, "build failed:\nSubprocess terminated"), measured)
+    assert not is_trial(ms.builder.BuilderResult(None, "build cancelled: the tuning run stopped"), measured)
 
 
 def test_kernels_tuned_at_once_keep_their_records_apart(tmp_path, branchy_model):
