@@ -13,6 +13,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 
 from tvmsched.converters import CONVERTERS
 from tvmsched.errors import TvmschedError, UnsupportedOperator
+from tvmsched.static_shapes import dynamic_shape_problem
 
 
 def supported_ops() -> set[str]:
@@ -26,11 +27,20 @@ def describe_node(node: onnx.NodeProto, index: int) -> str:
 
 
 class _Importer(ONNXGraphImporter):
-    """TVM's importer, converting with `CONVERTERS` first and remembering the node being converted."""
+    """TVM's importer, converting with `CONVERTERS` first, remembering the node being converted, and
+    refusing a node whose output shape is not static (`static_shapes`)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, graph: onnx.GraphProto, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.graph = graph
         self.node: onnx.NodeProto | None = None
+
+    def where(self, opset: int) -> str:
+        """The node being converted, as errors name it."""
+        if self.node is None:
+            return "the graph"
+        index = next((index for index, other in enumerate(self.graph.node) if other == self.node), -1)
+        return f"{describe_node(self.node, index)} (opset {opset})"
 
     def _parse_value_proto(self, value_proto):
         if isinstance(value_proto, onnx.NodeProto):  # called once per node, before it is converted
@@ -43,28 +53,31 @@ class _Importer(ONNXGraphImporter):
     def _convert_operator(self, op_name: str, inputs, attrs: dict, opset: int):
         converter = CONVERTERS.get(op_name)
         if converter is None:
-            return super()._convert_operator(op_name, inputs, attrs, opset)
-        expr = converter.get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
-        return self.bb.normalize(expr) if isinstance(expr, relax.Expr) else expr
+            expr = super()._convert_operator(op_name, inputs, attrs, opset)
+        else:
+            expr = converter.get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
+            expr = self.bb.normalize(expr) if isinstance(expr, relax.Expr) else expr
+        problem = None if self.node is None else dynamic_shape_problem(self.node, expr, self.graph,
+                                                                       self._nodes, self._input_names)
+        if problem:
+            raise UnsupportedOperator(f"{self.where(opset)}: {problem}")
+        return expr
 
 
 def import_model(proto: onnx.ModelProto, shapes: dict[str, list[int]], dtypes: dict[str, str],
                  opset: int) -> tvm.IRModule:
     """The Relax module of `proto` with its inputs bound to `shapes` and `dtypes`, weights as constants."""
-    importer = _Importer(shapes, dtypes, keep_params_in_input=False)
+    importer = _Importer(proto.graph, shapes, dtypes, keep_params_in_input=False)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # TVM prints each failing node's inputs
             return importer.from_onnx(proto.graph, opset)
-    except TvmschedError:
-        raise
     except Exception as error:  # the importer raises TVMError, ValueError, AssertionError, KeyError, ...
         _end_open_blocks(importer.bb)
+        if isinstance(error, TvmschedError):
+            raise
         text = str(error).strip()
         message = text.splitlines()[-1] if text else type(error).__name__
-        node = importer.node
-        where = "the graph" if node is None else describe_node(node, next(
-            (index for index, other in enumerate(proto.graph.node) if other == node), -1))
-        raise UnsupportedOperator(f"{where} (opset {opset}) cannot be imported: {message}; replace it in "
+        raise UnsupportedOperator(f"{importer.where(opset)} cannot be imported: {message}; replace it in "
                                   f"the exporter or decompose it into supported ops") from error
 
 
