@@ -23,6 +23,16 @@ def test_corrupt_file(tmp_path, branchy_model):
         frontend.load_model(path)
 
 
+def test_empty_file_and_a_protobuf_without_a_graph(tmp_path, branchy_model):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"empty.onnx' is not an ONNX model \(it is empty\); re-export"):
+        frontend.load_model(path)
+    path.write_bytes(branchy_model.graph.node[0].SerializeToString())  # parses as a model with no graph
+    with pytest.raises(ModelLoadError, match=r"is not an ONNX model \(it holds no graph\)"):
+        frontend.load_model(path)
+
+
 def test_invalid_graph_is_reported():
     node = helper.make_node("Relu", ["undefined_tensor"], ["output"])
     graph = helper.make_graph([node], "g", [tensor("input", [1])], [tensor("output", [1])])

@@ -304,6 +304,9 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
                             f"create one with: tvmsched build MODEL -o {directory}")
     meta_json = _read_json(directory / "meta.json")
     meta = ModelMeta.from_json(meta_json)
+    if meta.target.kind == "cuda" and not tvm.cuda(0).exist:  # its library would not even load here
+        raise TargetError(f"'{directory}' was built for CUDA ({meta.target.key}) and no CUDA device is "
+                          f"present; rebuild with --target llvm to run on the CPU")
     if meta.tvm_version != tvm.__version__ and not force:
         raise ArtifactError(f"'{directory}' was built with TVM {meta.tvm_version}, this is TVM "
                             f"{tvm.__version__}; rebuild it (or load with force=True / --force)")
@@ -321,9 +324,6 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     except Exception as error:  # zipfile, numpy and TVM each raise their own types for a broken file
         raise ArtifactError(f"'{directory}' has a corrupt file ({type(error).__name__}: {error}); "
                             f"rebuild it") from error
-    if meta.target.kind == "cuda" and not tvm.cuda(0).exist:
-        raise TargetError(f"'{directory}' was built for CUDA ({meta.target.key}) and no CUDA device is "
-                          f"present; rebuild with --target llvm to run on the CPU")
     return CompiledModel(library, graph, plan, constants, meta, executor)
 
 

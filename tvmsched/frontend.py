@@ -42,6 +42,10 @@ def load_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
         except Exception as error:  # protobuf raises several unrelated types
             raise ModelLoadError(f"'{path}' is not a readable ONNX model ({error}); "
                                  f"re-export it or check that the file is complete") from error
+        if not proto.HasField("graph"):  # an empty file, or another kind of protobuf, parses as no model
+            content = "it is empty" if path.stat().st_size == 0 else "it holds no graph"
+            raise ModelLoadError(f"'{path}' is not an ONNX model ({content}); re-export it or check that "
+                                 f"the file is complete")
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
