@@ -167,6 +167,57 @@ def test_cli_tunes_into_the_log(tmp_path, branchy_model):
     assert all(entry["trials"] == 1 for entry in manifest["workloads"].values())
 
 
+def relu_model(*widths: int):
+    """One Relu per width, on an input of shape [1, width] each: a kernel each."""
+    from conftest import make_model, tensor
+    from onnx import helper
+
+    return make_model([helper.make_node("Relu", [f"x{width}"], [f"y{width}"]) for width in widths],
+                      [tensor(f"x{width}", [1, width]) for width in widths],
+                      [tensor(f"y{width}", [1, width]) for width in widths], {})
+
+
+def test_builds_apply_your_log_first_then_the_shipped_one(tmp_path, monkeypatch):
+    """`tune` writes the user's log by default; a build applies it and the shipped one, the user's deciding
+    for the kernels it measured."""
+    from tvmsched.tuning import log as logs
+
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    monkeypatch.setattr(logs, "shipped_root", lambda: shipped)
+    monkeypatch.setenv("TVMSCHED_TUNING_LOGS", str(user))
+    tune(lowered(relu_model(4, 8)), LLVM, TuningLog.for_target(LLVM, shipped), TuneOptions(trials=2, **FAST))
+    tune(lowered(relu_model(8)), LLVM, TuningLog.for_target(LLVM), TuneOptions(trials=2, **FAST))
+    assert json.loads((user / LLVM.key / "manifest.json").read_text())["workloads"]  # the user's log
+    for root in (shipped, user):
+        set_defaults(TuningLog.for_target(LLVM, root), lambda key, entry: None)  # apply every record
+    model = tvmsched.compile(relu_model(4, 8), target="llvm")
+    assert model.meta.tuning_log == f"{user / LLVM.key}, {shipped / LLVM.key}"
+    assert len(model.meta.tuned_kernels) == 2
+    # where the user's log measured its tuning slower than the default, the default is kept
+    set_defaults(TuningLog.for_target(LLVM), lambda key, entry: entry["best_ms"] / 2)
+    model = tvmsched.compile(relu_model(4, 8), target="llvm")
+    width = {kernel.symbol: kernel.outputs[0].shape[1] for kernel in model.graph.kernels}
+    assert [width[symbol] for symbol in model.meta.tuned_kernels] == [4]
+    assert tvmsched.compile(relu_model(4, 8), target="llvm", tuning_log=user).meta.tuned_kernels == ()
+
+
+def test_cli_tune_writes_your_log_not_the_shipped_one(tmp_path, monkeypatch):
+    import onnx
+
+    from tvmsched.cli import main
+    from tvmsched.tuning import log as logs
+
+    monkeypatch.setattr(logs, "shipped_root", lambda: tmp_path / "shipped")
+    monkeypatch.delenv("TVMSCHED_TUNING_LOGS")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    onnx.save(relu_model(8), tmp_path / "relu.onnx")
+    assert main(["tune", str(tmp_path / "relu.onnx"), "--target", "llvm", "--trials", "1", "--search",
+                 "replay-trace", "--cost-model", "random", "--workers", "1"]) == 0
+    log = tmp_path / "home" / ".cache" / "tvmsched" / "tuning_logs" / LLVM.key
+    assert json.loads((log / "manifest.json").read_text())["workloads"]
+    assert not (tmp_path / "shipped").exists()
+
+
 def test_a_kernel_with_no_candidates_left_counts_as_done(tmp_path):
     from conftest import make_model, tensor
     from onnx import helper

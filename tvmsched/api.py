@@ -7,7 +7,6 @@ import json
 import os
 import statistics
 import threading
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -37,7 +36,7 @@ from tvmsched.target import (
     resolve_target,
     target_device_name,
 )
-from tvmsched.tuning import TuningLog
+from tvmsched.tuning import applied, build_logs
 
 META_SCHEMA = 1
 BINARY_ARTIFACTS = ("model.so", "constants.npz")
@@ -53,7 +52,7 @@ class ModelMeta:
     target: TargetSpec
     tvm_version: str
     tuned_kernels: tuple[str, ...] = ()  # symbols scheduled from the tuning log; the rest use defaults
-    tuning_log: str | None = None
+    tuning_log: str | None = None  # the logs applied, comma-separated
     kernels_hash: str = ""  # of the scheduled kernels, so stage latencies measured for them stay theirs
 
     def to_json(self) -> dict:
@@ -91,8 +90,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
     `executor` defaults to the target's best.
 
-    Kernels take their schedules from the target's tuning log (`tuning_log`: a log directory or a root of
-    them, default `tuning_logs/`) where it has records, unless `tuned` is False; the others get defaults.
+    Kernels take their schedules from the target's tuning logs where they have records, unless `tuned` is
+    False; the others get defaults. The logs are the one at `tuning_log` (a log directory or a root of them)
+    if given, else the user's (where `tune` writes) and then the shipped one.
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -105,17 +105,17 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     progress("lowering and fusing")
     lowered = lower(relax_module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
-    log = TuningLog.for_target(spec, tuning_log) if tuned else None
+    logs = build_logs(spec, tuning_log) if tuned else []
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
-    with log.applied(workloads) if log else nullcontext((None, frozenset())) as (database, keep_default):
+    with applied(logs, workloads) as (database, keep_default, used):
         built = build_library(kernel_module(lowered), spec, database, keep_default)
     graph = graph.with_workspace(built.workspace)
     output_names = [value.name for value in proto.graph.output]
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))
     meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
-                     str(log.directory) if database else None, built.kernels_hash)
+                     ", ".join(str(log.directory) for log in used) or None, built.kernels_hash)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
