@@ -54,8 +54,12 @@ def test_custom_domain_operator_is_unsupported():
     graph = helper.make_graph([node], "g", [tensor("input", [2])], [tensor("output", [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.example", 1)])
-    with pytest.raises(UnsupportedOperator, match="from domain com.example"):
+    with pytest.raises(UnsupportedOperator, match="from domain com.example .opset 1."):
         frontend.check_operators(model)
+    # a model of that domain only is refused by its node too, not for lacking the default domain's opset
+    del model.opset_import[0]
+    with pytest.raises(UnsupportedOperator, match="node 'n0' uses 'FusedThing' from domain com.example"):
+        tvmsched.compile(model)
 
 
 def test_model_without_inputs():

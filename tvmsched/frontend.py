@@ -70,16 +70,16 @@ def check_operators(proto: onnx.ModelProto) -> None:
     from tvmsched.importer import supported_ops
 
     supported = supported_ops()
-    opset = default_opset(proto)
+    opsets = {opset.domain or "ai.onnx": opset.version for opset in proto.opset_import}
     for index, node in enumerate(proto.graph.node):
         domain_ok = node.domain in ("", "ai.onnx")
         if not domain_ok or node.op_type not in supported:
             name = node.name or f"#{index}"
             raise UnsupportedOperator(
                 f"node '{name}' uses '{node.op_type}'"
-                f"{f' from domain {node.domain}' if not domain_ok else ''} (opset {opset}), which the "
-                f"TVM Relax ONNX frontend cannot import; replace it in the exporter or decompose it "
-                f"into supported ops")
+                f"{f' from domain {node.domain}' if not domain_ok else ''} (opset "
+                f"{opsets.get(node.domain or 'ai.onnx', '?')}), which the TVM Relax ONNX frontend cannot "
+                f"import; replace it in the exporter or decompose it into supported ops")
 
 
 def default_opset(proto: onnx.ModelProto) -> int:
@@ -87,7 +87,8 @@ def default_opset(proto: onnx.ModelProto) -> int:
     for opset in proto.opset_import:
         if opset.domain in ("", "ai.onnx"):
             return opset.version
-    raise ModelLoadError("the ONNX model does not import the default operator set")
+    raise ModelLoadError("the ONNX model imports no opset of the default domain (ai.onnx); re-export it "
+                         "with one")
 
 
 def bind_input_shapes(proto: onnx.ModelProto, batch: int | None = None,

@@ -36,8 +36,8 @@ def dynamic_shape_problem(node: onnx.NodeProto, expr, graph: onnx.GraphProto, va
         reason, fix = (f"depends on its input data{counted}", "replace it in the exporter (e.g. by a "
                        "fixed-size variant) or compute it outside the model")
     elif inputs:
-        values = "the value of graph input" if len(inputs) == 1 else "the values of graph inputs"
-        reason, fix = f"depends on {values} {_names(inputs)}", constant_input_advice(inputs)
+        whose = "the value of graph input" if len(inputs) == 1 else "the values of graph inputs"
+        reason, fix = f"depends on {whose} {_names(inputs)}", constant_input_advice(inputs)
     else:
         reason, fix = ("is computed from constants and other shapes only, but TVM's importer did not fold "
                        "it", "fold those computations into constants first (e.g. with onnxsim)")
