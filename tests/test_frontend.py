@@ -79,6 +79,16 @@ def test_unbound_dynamic_dims(branchy_model):
         frontend.bind_input_shapes(model, batch=1)
 
 
+def test_an_empty_input_is_named_as_empty_not_dynamic():
+    node = helper.make_node("Relu", ["input"], ["output"])
+    model = make_model([node], [tensor("input", [2, 0])], [tensor("output", [2, 0])], {})
+    with pytest.raises(ShapeBindingError, match=r"input 'input' is empty \(size 0 in dim 1, dims 2x0\), "
+                                                r"and tvmsched compiles tensors with at least one element; "
+                                                r"bind a nonzero shape with --input-shape input:NxN"):
+        frontend.bind_input_shapes(model)
+    assert frontend.bind_input_shapes(model, input_shapes={"input": (2, 3)})[0].shape == (2, 3)
+
+
 def test_shape_binding_by_batch_and_by_name(branchy_model):
     assert frontend.bind_input_shapes(branchy_model, batch=4)[0].shape == (4, 3, 8, 8)
     specs = frontend.bind_input_shapes(branchy_model, input_shapes={"input": (2, 3, 16, 16)})

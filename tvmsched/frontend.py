@@ -118,10 +118,15 @@ def _bind_one(value: onnx.ValueInfoProto, batch: int | None, override: tuple[int
         return TensorSpec(value.name, tuple(override), dtype)
     if batch is not None and dims:
         dims[0] = batch
-    unbound = [(axis, dim) for axis, dim in enumerate(dims) if not isinstance(dim, int) or dim <= 0]
+    whole_shape = f"--input-shape {value.name}:{'x'.join('N' for _ in dims)}"
+    if 0 in dims:
+        raise ShapeBindingError(f"input '{value.name}' is empty (size 0 in dim {dims.index(0)}, dims "
+                                f"{_format(dims)}), and tvmsched compiles tensors with at least one "
+                                f"element; bind a nonzero shape with {whole_shape}")
+    unbound = [(axis, dim) for axis, dim in enumerate(dims) if not isinstance(dim, int)]
     if unbound:
         axis, dim = unbound[0]
-        hint = "--batch N" if axis == 0 else f"--input-shape {value.name}:{'x'.join('N' for _ in dims)}"
+        hint = "--batch N" if axis == 0 else whole_shape
         raise ShapeBindingError(f"input '{value.name}' has dynamic dim {axis} ('{dim}', dims "
                                 f"{_format(dims)}); bind it with {hint}")
     return TensorSpec(value.name, tuple(dims), dtype)
