@@ -177,7 +177,7 @@ def test_bad_flags_are_refused_before_any_work(saved, capsys, monkeypatch, args,
     ("input=x.npz", "'x.npz' is an .npz archive (of input), not one array; save the input alone: "
                     "numpy.save('input.npy', numpy.load('x.npz')['input'])"),
     ("x.npy", "--input 'x.npy': write NAME=FILE.npy"),
-    ("image=x.npy", "--input image: the model's inputs are input"),
+    ("image=x.npy", "the model's inputs are input; unknown: image"),
 ])
 def test_input_files_that_are_missing_or_not_one_array(saved, capsys, monkeypatch, flag, message):
     monkeypatch.chdir(saved)
@@ -221,3 +221,27 @@ def test_a_scheduler_flag_the_schedule_does_not_take_is_refused(saved, capsys):
 def test_tune_names_a_missing_model(capsys):
     assert "model file 'missing.onnx' does not exist" in error_line(capsys, "tune", "missing.onnx",
                                                                      "--target", "llvm")
+
+
+def test_constant_input_on_build_and_run(tmp_path, capsys, runtime_axes_model):
+    """--constant-input binds an input's value at build time; a build directory refuses another value."""
+    onnx.save(runtime_axes_model, tmp_path / "sum.onnx")
+    np.save(tmp_path / "axes.npy", np.array([1]))
+    np.save(tmp_path / "other.npy", np.array([0]))
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["build", str(tmp_path / "sum.onnx"), "-o", str(tmp_path / "build"), "--target", "llvm"]) == 2
+    assert "--constant-input axes=FILE.npy" in capsys.readouterr().err
+    assert main(["build", str(tmp_path / "sum.onnx"), "-o", str(tmp_path / "build"), "--target", "llvm",
+                 "--constant-input", f"axes={tmp_path / 'axes.npy'}"]) == 0
+    assert main(["run", str(tmp_path / "build"), "--input", f"x={tmp_path / 'x.npy'}",
+                 "--save-output", str(tmp_path / "out.npz"),
+                 "--constant-input", f"axes={tmp_path / 'axes.npy'}"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], x.sum(axis=1))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "build"), "--constant-input", f"axes={tmp_path / 'other.npy'}"]) == 2
+    assert "another value of input 'axes'" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "build"), "--input", f"axes={tmp_path / 'axes.npy'}"]) == 2
+    assert "'axes' was bound to a value when the model was built" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "build"), "--constant-input", "axes"]) == 2
+    assert "write NAME=FILE.npy" in capsys.readouterr().err

@@ -112,18 +112,27 @@ def test_batched_constant_folding_gives_the_same_module_as_fold_constant(monkeyp
     tvm.ir.assert_structural_equal(batched.module, lower(module).module, map_free_vars=True)
 
 
-@pytest.mark.parametrize("nodes, output, message", [
-    ([helper.make_node("Shape", ["x"], ["y"])], tensor("y", [2], TensorProto.INT64),
-     "'gv' in the lowered model is a shape, not a tensor, which tvmsched cannot run as a kernel; replace the "
-     "ONNX op that computes it in the exporter"),
-    ([helper.make_node("NonZero", ["x"], ["y"])], tensor("y", [2, "n"], TensorProto.INT64),
+def branch(name: str, op: str):
+    return helper.make_graph([helper.make_node(op, ["x"], [f"{name}_y"])], name, [],
+                             [tensor(f"{name}_y", [2, 3])])
+
+
+@pytest.mark.parametrize("nodes, inputs, output, message", [
+    ([helper.make_node("If", ["keep"], ["y"], then_branch=branch("then", "Identity"),
+                       else_branch=branch("else", "Neg"))],
+     [tensor("x", [2, 3]), tensor("keep", [], TensorProto.BOOL)], tensor("y", [2, 3]),
+     "in the lowered model is a branch taken at run time (ONNX If), which tvmsched cannot run as a kernel; "
+     "replace the ONNX op that computes it in the exporter"),
+    ([helper.make_node("NonZero", ["x"], ["y"])], [tensor("x", [2, 3])],
+     tensor("y", [2, "n"], TensorProto.INT64),
      "of the lowered model has a shape known only at run time (an op whose output size depends on its input "
      "values), and tvmsched compiles static shapes only; replace that op in the exporter"),
 ])
-def test_what_the_kernel_graph_cannot_hold_is_named_without_relax_terms(monkeypatch, nodes, output, message):
+def test_what_the_kernel_graph_cannot_hold_is_named_without_relax_terms(monkeypatch, nodes, inputs, output,
+                                                                        message):
     """The last line of defence behind the import's refusals (switched off here)."""
     import tvmsched.importer
 
-    monkeypatch.setattr(tvmsched.importer, "dynamic_shape_problem", lambda *args: None)
+    monkeypatch.setattr(tvmsched.importer, "check_static_output", lambda *args: None)
     with pytest.raises(GraphError, match=re.escape(message)):
-        graph_of(make_model(nodes, [tensor("x", [2, 3])], [output], {}))
+        graph_of(make_model(nodes, inputs, [output], {}))

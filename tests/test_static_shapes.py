@@ -7,7 +7,7 @@ from conftest import make_model, tensor
 from onnx import TensorProto, helper
 
 import tvmsched
-from tvmsched.errors import UnsupportedOperator
+from tvmsched.errors import ConstantInputRequired, UnsupportedOperator
 
 node = helper.make_node
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -42,35 +42,41 @@ def test_a_shape_set_by_the_data_is_refused_naming_the_node(nodes, inputs, outpu
                             "the model")
 
 
-@pytest.mark.parametrize("nodes, inputs, named", [
-    ([node("Compress", ["x", "keep"], ["y"], axis=0, name="n")],
-     [tensor("x", [4]), tensor("keep", [4], BOOL)], ["keep"]),
+@pytest.mark.parametrize("nodes, inputs, output, name, value, expected", [
     ([node("Cast", ["mask"], ["m"], to=BOOL), node("NonZero", ["m"], ["y"], name="n")],
-     [tensor("mask", [4], INT64)], ["mask"]),
-    ([node("Tile", ["x", "repeats"], ["y"], name="n")], [tensor("x", [2]), tensor("repeats", [1], INT64)],
-     ["repeats"]),
-    ([node("Slice", ["x", "starts", "ends"], ["y"], name="n")],
-     [tensor("x", [8]), tensor("starts", [1], INT64), tensor("ends", [1], INT64)], ["ends", "starts"]),
-    ([node("Range", ["start", "limit", "delta"], ["y"], name="n")],  # float operands set its length
-     [tensor("start", []), tensor("limit", []), tensor("delta", [])], ["delta", "limit", "start"]),
+     [tensor("mask", [4], INT64)], tensor("y", [1, "n"], INT64), "mask", np.array([0, 3, 0, 1]), [[1, 3]]),
+    ([node("Unique", ["ids"], ["y"], name="n")], [tensor("ids", [5], INT64)], tensor("y", ["n"], INT64),
+     "ids", np.array([4, 1, 4, 2, 1]), [1, 2, 4]),
 ])
-def test_a_shape_set_by_a_graph_inputs_value_names_the_input_to_bind(nodes, inputs, named):
-    dtype = INT64 if nodes[-1].op_type == "NonZero" else FLOAT
-    message = refusal(make_model(nodes, inputs, [tensor("y", ["n"] * (2 if dtype == INT64 else 1), dtype)],
-                                 {}))
-    values = "the value of graph input" if len(named) == 1 else "the values of graph inputs"
-    assert f"(opset 18): its output shape depends on {values} {', '.join(repr(n) for n in named)}," in message
-    assert message.endswith(f"({' '.join(f'--constant-input {n}=FILE.npy' for n in named)})")
+def test_a_shape_set_by_a_graph_inputs_value_names_the_input_to_bind(nodes, inputs, output, name, value,
+                                                                     expected):
+    """Binding the value the refusal names (as `constant_inputs`) makes the shapes static."""
+    model = make_model(nodes + [node("Identity", ["x"], ["x_copy"])], inputs + [tensor("x", [2])],
+                       [output, tensor("x_copy", [2])], {})
+    with pytest.raises(ConstantInputRequired) as caught:
+        tvmsched.compile(model, target="llvm")
+    assert caught.value.inputs == (name,)
+    assert str(caught.value) == (
+        f"node 'n' ({nodes[-1].op_type}) (opset 18): its output shape depends on the value of graph input "
+        f"'{name}', and tvmsched compiles static shapes only; bind it with --constant-input {name}=FILE.npy "
+        f"(constant_inputs= in Python)")
+    compiled = tvmsched.compile(model, target="llvm", constant_inputs={name: value})
+    np.testing.assert_array_equal(compiled(np.zeros(2, "float32"))[0], expected)
 
 
-def test_a_shape_computed_from_shapes_that_the_importer_left_unfolded():
+def test_a_shape_computed_from_shapes_left_unfolded(monkeypatch):
+    """Shape computations are folded before the import (`fold`); one left unfolded is refused by name."""
+    from tvmsched import frontend
+    from tvmsched.fold import FoldedModel
+
+    monkeypatch.setattr(frontend, "fold_shapes", lambda proto, shapes, constants: FoldedModel(proto, ()))
     nodes = [node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "zero"], ["length"], axis=0),
              node("Range", ["zero", "length", "one"], ["steps"], name="steps"),
              node("Cast", ["steps"], ["float_steps"], to=FLOAT), node("Add", ["x", "float_steps"], ["y"])]
     model = make_model(nodes, [tensor("x", [5])], [tensor("y", [5])],
                        {"zero": np.array(0, "int64"), "one": np.array(1, "int64")})
     assert "node 'steps' (Range) (opset 18): its output shape is computed from constants and other shapes " \
-           "only" in refusal(model)
+           "only, but they were not folded" in refusal(model)
 
 
 def test_integer_inputs_of_static_shape_are_not_refused():

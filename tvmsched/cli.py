@@ -27,8 +27,9 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 SAVED_BUILD_HELP = ("Given a build directory, the scheduling flags (--schedule, --streams, --cost, "
                     "--stream-mapping and dp's) reschedule its kernels (nothing is recompiled; --schedule "
-                    "defaults to the build's), and the flags that apply when compiling (--target, "
-                    "--input-shape, --log, --untuned) are refused: rebuild instead.")
+                    "defaults to the build's), the flags that apply when compiling (--target, "
+                    "--input-shape, --log, --untuned) are refused: rebuild instead, and --constant-input "
+                    "values must be those the build was made with.")
 COMPILE_FLAGS = {"target": "--target", "input_shape": "--input-shape", "log": "--log", "untuned": "--untuned"}
 # The scheduling flags: their keyword arguments of `compile` and `reschedule`, and the flags themselves.
 SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost", "max_group_size": "--max-group-size",
@@ -247,6 +248,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="batch size: binds dim 0 of every input (zoo models default to 1)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:1x3x224x224",
                         help="bind the whole shape of one input (repeatable)")
+    parser.add_argument("--constant-input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="bind one input to a value when the model is built (repeatable): it becomes a "
+                             "constant, no longer an input; needed where an input's value decides a shape "
+                             "(a Reshape's shape, a ReduceSum's axes, ...)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -314,15 +319,17 @@ def _compiled(args):
     """Compile a model with the command's flags, showing progress, or load a build directory."""
     import tvmsched
 
+    constants = _npy_arrays("--constant-input", args.constant_input)  # before any work: files fail at once
     if Path(args.model).is_dir():
-        return _loaded(args)
+        return _loaded(args, constants)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     schedule = args.schedule or "sequential"
     with console.status("compiling") as status:
         options = _schedule_options(args, schedule, status)
         model = tvmsched.compile(args.model, target=args.target or "auto", batch=args.batch,
                                  input_shapes=shapes, schedule=schedule, executor=args.executor,
-                                 tuning_log=args.log, tuned=not args.untuned, **options,
+                                 tuning_log=args.log, tuned=not args.untuned, constant_inputs=constants,
+                                 **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
@@ -330,11 +337,14 @@ def _compiled(args):
     console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key} "
                   f"({tuned}), {model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
+    for symbol, why in model.meta.fallbacks:
+        console.print(f"  kernel {symbol}: {why}")
     return model
 
 
-def _loaded(args):
-    """The build directory `args.model`, rescheduled if scheduling flags are given (SAVED_BUILD_HELP)."""
+def _loaded(args, constants: dict[str, np.ndarray]):
+    """The build directory `args.model` (refused if made with other `constants`), rescheduled if scheduling
+    flags are given (SAVED_BUILD_HELP)."""
     import tvmsched
 
     refused = [flag for name, flag in COMPILE_FLAGS.items() if getattr(args, name)]
@@ -343,7 +353,8 @@ def _loaded(args):
         raise UsageError(f"'{args.model}' is a saved build, and {', '.join(refused)} "
                          f"{'apply' if many else 'applies'} when compiling; rebuild it (tvmsched build MODEL "
                          f"-o {args.model} {' '.join(refused)} ...) or leave {'them' if many else 'it'} out")
-    model = tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force)
+    model = tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force,
+                          constant_inputs=constants)
     schedule = args.schedule or model.plan.scheduler
     with console.status(f"{args.model}: scheduling ({schedule})") as status:
         options = _schedule_options(args, schedule, status)
@@ -387,12 +398,9 @@ def _build(args) -> None:
 
 
 def _run(args) -> None:
-    given = _input_files(args.input)  # before compiling: a wrong file is reported at once
+    given = _npy_arrays("--input", args.input)  # before compiling: a wrong file is reported at once
     model = _compiled(args)
     inputs = model.random_inputs(args.seed)
-    unknown = sorted(given.keys() - inputs.keys())
-    if unknown:
-        raise InputError(f"--input {', '.join(unknown)}: the model's inputs are {', '.join(inputs)}")
     inputs.update(given)
     with model:  # releases its executor's streams, events and CUDA graph (main may run in a longer process)
         outputs = model.run(inputs)
@@ -407,31 +415,31 @@ def _run(args) -> None:
             np.savez(args.save_output, **{spec.name: value for spec, value in zip(model.outputs, outputs)})
 
 
-def _input_files(items: list[str]) -> dict[str, np.ndarray]:
-    """The arrays of `--input NAME=FILE.npy` flags, by input name."""
+def _npy_arrays(flag: str, items: list[str]) -> dict[str, np.ndarray]:
+    """The arrays of `flag`'s NAME=FILE.npy items, by name."""
     arrays = {}
     for item in items:
         name, _, file = item.partition("=")
         if not name or not file:
-            raise UsageError(f"--input '{item}': write NAME=FILE.npy")
-        arrays[name] = _read_array(item, Path(file))
+            raise UsageError(f"{flag} '{item}': write NAME=FILE.npy")
+        arrays[name] = _read_array(f"{flag} {item}", Path(file))
     return arrays
 
 
-def _read_array(item: str, path: Path) -> np.ndarray:
+def _read_array(where: str, path: Path) -> np.ndarray:
     """The array a .npy file holds; a missing file, another kind of file or an .npz archive is an error."""
     if not path.is_file():
-        raise InputError(f"--input {item}: '{path}' does not exist; write the array with numpy.save")
+        raise InputError(f"{where}: '{path}' does not exist; write the array with numpy.save")
     try:
         value = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
-        raise InputError(f"--input {item}: '{path}' is not a NumPy .npy file; write the array with "
+        raise InputError(f"{where}: '{path}' is not a NumPy .npy file; write the array with "
                          f"numpy.save('{path}', array)") from error
     if isinstance(value, np.lib.npyio.NpzFile):
         with value:
             keys = value.files
-        raise InputError(f"--input {item}: '{path}' is an .npz archive (of {', '.join(keys) or 'nothing'}), "
-                         f"not one array; save the input alone: numpy.save('input.npy', "
+        raise InputError(f"{where}: '{path}' is an .npz archive (of {', '.join(keys) or 'nothing'}), not one "
+                         f"array; save the input alone: numpy.save('input.npy', "
                          f"numpy.load('{path}')['{keys[0] if keys else 'NAME'}'])")
     return value
 
@@ -489,6 +497,7 @@ def _tune(args) -> None:
     spec = resolve_target(args.target or "auto")
     log = TuningLog.for_target(spec, args.log)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
+    constants = _npy_arrays("--constant-input", args.constant_input)
     started = time.monotonic()  # the budget covers lowering too
     options = TuneOptions(trials=args.trials, search=args.search,
                           population=args.population, generations=args.generations,
@@ -498,8 +507,8 @@ def _tune(args) -> None:
     for name in names:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
-            modules.append(lower(frontend.to_relax(proto, frontend.bind_input_shapes(proto, args.batch,
-                                                                                      shapes))))
+            inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
+            modules.append(lower(frontend.to_relax(proto, inputs, constants)))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:

@@ -13,7 +13,8 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 
 from tvmsched.converters import CONVERTERS
 from tvmsched.errors import TvmschedError, UnsupportedOperator
-from tvmsched.static_shapes import dynamic_shape_problem
+from tvmsched.fold import FoldedModel
+from tvmsched.static_shapes import check_static_output
 
 
 def supported_ops() -> set[str]:
@@ -28,12 +29,19 @@ def describe_node(node: onnx.NodeProto, index: int) -> str:
 
 class _Importer(ONNXGraphImporter):
     """TVM's importer, converting with `CONVERTERS` first, remembering the node being converted, and
-    refusing a node whose output shape is not static (`static_shapes`)."""
+    refusing a node whose output shape is not static (`static_shapes`); the graph's large weights are read
+    from the model they belong to (`FoldedModel.weights`), not copied."""
 
-    def __init__(self, graph: onnx.GraphProto, *args, **kwargs):
+    def __init__(self, graph: onnx.GraphProto, *args, weights: tuple[onnx.TensorProto, ...] = (), **kwargs):
         super().__init__(*args, **kwargs)
         self.graph = graph
         self.node: onnx.NodeProto | None = None
+        self.weights = weights
+
+    def _parse_graph_initializers(self, graph) -> None:
+        super()._parse_graph_initializers(graph)
+        for tensor in self.weights:
+            self._nodes[tensor.name] = relax.const(self._parse_array(tensor))
 
     def where(self, opset: int) -> str:
         """The node being converted, as errors name it."""
@@ -57,17 +65,17 @@ class _Importer(ONNXGraphImporter):
         else:
             expr = converter.get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
             expr = self.bb.normalize(expr) if isinstance(expr, relax.Expr) else expr
-        problem = None if self.node is None else dynamic_shape_problem(self.node, expr, self.graph,
-                                                                       self._nodes, self._input_names)
-        if problem:
-            raise UnsupportedOperator(f"{self.where(opset)}: {problem}")
+        if self.node is not None:
+            check_static_output(self.node, expr, self.graph, self._nodes, self._input_names,
+                                lambda: self.where(opset))
         return expr
 
 
-def import_model(proto: onnx.ModelProto, shapes: dict[str, list[int]], dtypes: dict[str, str],
+def import_model(model: FoldedModel, shapes: dict[str, list[int]], dtypes: dict[str, str],
                  opset: int) -> tvm.IRModule:
-    """The Relax module of `proto` with its inputs bound to `shapes` and `dtypes`, weights as constants."""
-    importer = _Importer(proto.graph, shapes, dtypes, keep_params_in_input=False)
+    """The Relax module of `model` with its inputs bound to `shapes` and `dtypes`, weights as constants."""
+    proto = model.proto
+    importer = _Importer(proto.graph, shapes, dtypes, keep_params_in_input=False, weights=model.weights)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # TVM prints each failing node's inputs
             return importer.from_onnx(proto.graph, opset)

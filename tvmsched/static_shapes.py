@@ -1,68 +1,69 @@
 """Refusing, at import, an ONNX node whose output shape is not static: the kernel graph holds static shapes.
 
-With every input shape bound, such a shape depends on values: on the input data (NonZero, Unique, NMS), on
-the value of an integer graph input (a Reshape, Slice or Tile whose shape, starts or repeats are inputs), or
-on other shapes that TVM's importer left unfolded. The refusal names the node and says which, with the fix.
+With every input shape bound and the shape computations folded (`fold`), such a shape depends on values:
+on the input data (NonZero, Unique, NMS), on the value of an integer graph input (a mask, a count), or on
+constants and shapes left unfolded. The refusal names the node and says which, with the fix; `fold`
+refuses before the import the graph inputs that ops read as shapes or axes (`VALUE_INPUTS`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import onnx
 import tvm
 from tvm import relax
 
+from tvmsched.errors import ConstantInputRequired, UnsupportedOperator
+from tvmsched.fold import VALUE_INPUTS, bind_values_fix
+
 # Ops whose output shape depends on their input data by definition, whatever shape the converter gives
-# them (TVM's NonMaxSuppression pads its output to the most boxes it could select): what it counts, and
-# the inputs that decide it.
-DATA_DEPENDENT = {"NonMaxSuppression": ("the number of boxes it selects", (0, 1, 2, 3, 4)),
-                  "NonZero": ("the number of nonzero elements", (0,)),
-                  "Unique": ("the number of distinct values", (0,)),
-                  "Compress": ("the number of true conditions", (1,))}
-# Ops whose output shape is set by the values of operands that need not be integers: those operands.
-SHAPE_OPERANDS = {"Range": (0, 1, 2), "Resize": (2, 3), "Upsample": (1,)}
+# them (TVM's NonMaxSuppression pads its output to the most boxes it could select), with what it counts.
+# Their shape is static only where all their inputs are constants and the node is folded.
+DATA_DEPENDENT = {"NonMaxSuppression": "the number of boxes it selects",
+                  "NonZero": "the number of nonzero elements", "Unique": "the number of distinct values",
+                  "Compress": "the number of true conditions"}
 STATIC_SOURCES = ("Shape", "Size")  # their values are shapes, static once the inputs are bound
 
 
-def dynamic_shape_problem(node: onnx.NodeProto, expr, graph: onnx.GraphProto, values: dict,
-                          graph_inputs: list[str]) -> str | None:
-    """Why `expr`, the conversion of `node`, has no static shape, and the fix; None if its shape is static.
-    `values`: the converted tensors by ONNX name; `graph_inputs`: the graph's input names."""
+def check_static_output(node: onnx.NodeProto, expr, graph: onnx.GraphProto, values: dict,
+                        graph_inputs: list[str], where: Callable[[], str]) -> None:
+    """Refuse `expr`, the conversion of `node`, if its shape is not static: ConstantInputRequired where
+    binding graph inputs' values would make it static, else UnsupportedOperator. `values`: the converted
+    tensors by ONNX name; `graph_inputs`: the graph's input names; `where()`: how errors name the node."""
     if not (isinstance(expr, relax.Expr) and (_dynamic(expr.ty) or node.op_type in DATA_DEPENDENT
                                               and not isinstance(expr, tvm.ir.Constant))):
-        return None
+        return
     inputs, data = _shape_sources(node, graph, values, graph_inputs)
+    static_only = "and tvmsched compiles static shapes only"
+    if inputs and not data:
+        whose = "the value of graph input" if len(inputs) == 1 else "the values of graph inputs"
+        raise ConstantInputRequired(f"{where()}: its output shape depends on {whose} {_names(inputs)}, "
+                                    f"{static_only}; {bind_values_fix(tuple(inputs))}", tuple(inputs))
     if data:
-        counted = f" ({DATA_DEPENDENT[node.op_type][0]})" if node.op_type in DATA_DEPENDENT else ""
+        counted = f" ({DATA_DEPENDENT[node.op_type]})" if node.op_type in DATA_DEPENDENT else ""
         reason, fix = (f"depends on its input data{counted}", "replace it in the exporter (e.g. by a "
                        "fixed-size variant) or compute it outside the model")
-    elif inputs:
-        whose = "the value of graph input" if len(inputs) == 1 else "the values of graph inputs"
-        reason, fix = f"depends on {whose} {_names(inputs)}", constant_input_advice(inputs)
     else:
-        reason, fix = ("is computed from constants and other shapes only, but TVM's importer did not fold "
-                       "it", "fold those computations into constants first (e.g. with onnxsim)")
-    return f"its output shape {reason}, and tvmsched compiles static shapes only; {fix}"
-
-
-def constant_input_advice(inputs: list[str]) -> str:
-    """The fix for a shape computed from the values of graph inputs: bind those values at build time."""
-    flags = " ".join(f"--constant-input {name}=FILE.npy" for name in inputs)
-    return f"bind {'its value' if len(inputs) == 1 else 'their values'} at build time ({flags})"
+        reason, fix = ("is computed from constants and other shapes only, but they were not folded",
+                       "fold those computations into constants first (e.g. with onnxsim)")
+    raise UnsupportedOperator(f"{where()}: its output shape {reason}, {static_only}; {fix}")
 
 
 def _shape_sources(node: onnx.NodeProto, graph: onnx.GraphProto, values: dict, graph_inputs: list[str]
                    ) -> tuple[list[str], bool]:
     """What `node`'s output shape is computed from: the graph inputs whose values reach it through integer
-    or boolean tensors (shapes, indices, counts, masks) or as its shape operands (`SHAPE_OPERANDS`), and
-    whether other data does (a tensor of another dtype, such as a data-dependent op's data). Constants and
-    shapes are known when compiling."""
+    or boolean tensors (shapes, indices, counts, masks) or as its value inputs (`fold.VALUE_INPUTS`, such as
+    a Range's float bounds), and whether other data does (a tensor of another dtype, such as a
+    data-dependent op's data: all its inputs count). Constants and shapes are known when compiling."""
     producers = {output: other for other in graph.node for output in other.output}
-    operands = {**{op: indices for op, (_, indices) in DATA_DEPENDENT.items()}, **SHAPE_OPERANDS}
-    if node.op_type in operands:
-        starts = [node.input[index] for index in operands[node.op_type] if index < len(node.input)]
+    if node.op_type in DATA_DEPENDENT:
+        starts = list(node.input)
+    elif node.op_type in VALUE_INPUTS:
+        starts = [node.input[index] for index in VALUE_INPUTS[node.op_type] if index < len(node.input)]
     else:
         starts = [name for name in node.input if _integral(values.get(name))]
-    shape_operands = set(starts) if node.op_type in SHAPE_OPERANDS else set()
+    shape_operands = set(starts) if node.op_type in VALUE_INPUTS else set()
     inputs, data, seen, pending = set(), False, set(), list(starts)
     while pending:
         name = pending.pop()

@@ -15,3 +15,8 @@ def register_converter(op_type: str):
         CONVERTERS[op_type] = cls
         return cls
     return register
+
+# Each module registers its converters when imported: one line per module, sorted.
+import tvmsched.converters.reduce  # noqa: E402,F401
+import tvmsched.converters.shape  # noqa: E402,F401
+import tvmsched.converters.sort  # noqa: E402,F401
