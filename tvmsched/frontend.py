@@ -69,8 +69,8 @@ def load_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
             content = "it is empty" if path.stat().st_size == 0 else "it holds no graph"
             raise ModelLoadError(f"'{path}' is not an ONNX model ({content}); re-export it or check that "
                                  f"the file is complete")
-    try:
-        onnx.checker.check_model(proto)
+    try:  # by path where there is one: the checker serializes a proto, which protobuf caps at 2 GB
+        onnx.checker.check_model(proto if isinstance(model, onnx.ModelProto) else str(model))
     except onnx.checker.ValidationError as error:
         first_line = str(error).strip().splitlines()[0]
         raise ModelLoadError(f"the ONNX model is invalid: {first_line}; re-export it with a "
