@@ -45,7 +45,7 @@ from tvmsched.lower import kernel_module, lower
 from tvmsched.schedule import options_for
 from tvmsched.schedule.base import DEFAULT_STREAM_MAPPING, STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
-from tvmsched.tuning import TuningLog
+from tvmsched.tuning import applied, build_logs
 
 SCHEDULES = ("sequential", "greedy", "opara", "nimble", "dp")
 DEFAULT_CASES = [f"{name}:{batch}" for batch in (1, 16) for name in zoo.list_models()] + \
@@ -173,7 +173,7 @@ def _relax_vm_ms(proto, args) -> float:
     module = tvm.IRModule(dict(lowered.module.functions), attrs=lowered.module.attrs)
     graph, _ = extract(lowered, [item.name for item in inputs])
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
-    with TuningLog.for_target(spec).applied(workloads) as (database, keep_default):
+    with applied(build_logs(spec), workloads) as (database, keep_default, _):
         if database is not None:
             kernels, _ = tuned_schedules(kernel_module(lowered), spec, database, keep_default)
             for global_var, function in kernels.functions.items():

@@ -18,7 +18,7 @@ import numpy as np
 import tvmsched
 from tvmsched import zoo
 from tvmsched.target import resolve_target
-from tvmsched.tuning.log import MANIFEST, TuningLog
+from tvmsched.tuning.log import MANIFEST, build_logs
 
 
 def compiled(name: str, batch: int, target: str, builds: str | None) -> tuple[tvmsched.CompiledModel, float]:
@@ -37,10 +37,11 @@ def compiled(name: str, batch: int, target: str, builds: str | None) -> tuple[tv
 
 
 def log_digest(target: str) -> str:
-    """A short digest of the manifest of `target`'s tuning log (it changes with every tuning run), or
-    "none" where there is no log."""
-    manifest = TuningLog.for_target(resolve_target(target)).directory / MANIFEST
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12] if manifest.is_file() else "none"
+    """A short digest of the manifests of the tuning logs a build for `target` applies (they change with
+    every tuning run), or "none" where there is no log."""
+    manifests = [log.directory / MANIFEST for log in build_logs(resolve_target(target))]
+    contents = b"".join(path.read_bytes() for path in manifests if path.is_file())
+    return hashlib.sha256(contents).hexdigest()[:12] if contents else "none"
 
 
 def argument_parser(doc: str) -> argparse.ArgumentParser:

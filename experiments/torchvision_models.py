@@ -4,7 +4,7 @@ check run them: the torchvision counterparts of zoo models (TORCHVISION), any cl
 exports can be written to files, to tune their kernels before a benchmark:
 
     python -m experiments.torchvision_models --out-dir /tmp/tv --batch 1 16
-    tvmsched tune /tmp/tv/*_b16.onnx --batch 16 --target cuda --trials 16 --time-budget 8m
+    tvmsched tune /tmp/tv/*_b16.onnx --batch 16 --target cuda --trials 16 --time-budget 8m --log tuning_logs
 
 torchvision's export folds each batch norm into its convolution, so these kernels are not the zoo's and
 the zoo's tuning records do not apply to them.

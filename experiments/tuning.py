@@ -28,16 +28,16 @@ from experiments.common import (
 )
 from tvmsched import zoo
 from tvmsched.target import device_name, resolve_target
-from tvmsched.tuning import TuningLog
+from tvmsched.tuning import TuningLog, shipped_root
 
 
 def measure(name: str, args) -> dict:
     proto = zoo.build(name, batch=args.batch)
     default = tvmsched.compile(proto, target=args.target, batch=args.batch, tuned=False)
-    tuned = tvmsched.compile(proto, target=args.target, batch=args.batch)
+    tuned = tvmsched.compile(proto, target=args.target, batch=args.batch, tuning_log=shipped_root())
     x = np.random.default_rng(0).standard_normal(default.inputs[0].shape).astype("float32")
     workloads = {kernel.workload for kernel in tuned.graph.kernels}
-    entries = TuningLog.for_target(resolve_target(args.target)).manifest()["workloads"]
+    entries = TuningLog.for_target(resolve_target(args.target), shipped_root()).manifest()["workloads"]
     tuned_entries = [entries[w] for w in workloads if w in entries]
     with default, tuned:
         expected = default(x)

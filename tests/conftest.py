@@ -19,6 +19,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def own_tuning_logs(tmp_path_factory):
+    """Tests read and write no tuning log of the user's (where `tune` writes by default, and builds look)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TVMSCHED_TUNING_LOGS", str(tmp_path_factory.mktemp("user_tuning_logs")))
+        yield
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch) -> FakeCudart:
     """The CUDA executors on the CPU (a CPU device passes for a CUDA one) over a stand-in cudart."""

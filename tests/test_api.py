@@ -13,7 +13,7 @@ from onnx import helper
 import tvmsched
 from tvmsched.api import ARTIFACTS
 from tvmsched.cost.measured import MeasuredCost
-from tvmsched.errors import ArtifactError, InputError
+from tvmsched.errors import ArtifactError, InputError, TargetError
 from tvmsched.executor.streams import StageTimer
 from tvmsched.schedule import SCHEDULERS
 
@@ -86,6 +86,14 @@ def test_load_refuses_missing_corrupt_and_foreign_builds(branchy_model, tmp_path
     (build / "model.so").unlink()  # a new file: truncating the one the loaded model maps would SIGBUS
     (build / "model.so").write_bytes(library[: len(library) // 3])
     with pytest.raises(ArtifactError, match="model.so' is corrupt"):
+        tvmsched.load(build)
+
+
+@pytest.mark.skipif(tvm.cuda(0).exist, reason="needs a machine without a CUDA device")
+def test_a_cuda_build_without_a_cuda_device_is_refused_before_its_library_is_loaded(branchy_model, tmp_path):
+    build = tvmsched.compile(branchy_model, target="nvidia/nvidia-h100", batch=1).save(tmp_path / "build")
+    with pytest.raises(TargetError, match=r"was built for CUDA \(nvidia-h100-sm90a\) and no CUDA device is "
+                                          r"present; rebuild with --target llvm"):
         tvmsched.load(build)
 
 

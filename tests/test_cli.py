@@ -69,8 +69,9 @@ def test_models_list_and_export(tmp_path, capsys):
     onnx.checker.check_model(onnx.load(tmp_path / "sq.onnx"))
 
 
-@pytest.mark.parametrize("flags, time_orders", [([], True), (["--stage-sums"], False)])
+@pytest.mark.parametrize("flags, time_orders", [([], None), (["--stage-sums"], False)])
 def test_build_passes_the_dp_options(monkeypatch, flags, time_orders):
+    """The flags given reach `compile`; the others are left to the scheduler's defaults."""
     import tvmsched
     from tvmsched.errors import TvmschedError
 
@@ -83,7 +84,8 @@ def test_build_passes_the_dp_options(monkeypatch, flags, time_orders):
     monkeypatch.setattr(tvmsched, "compile", compile_options)
     args = ["build", "squeezenet", "-o", "unused", "--schedule", "dp", "--max-states", "64", *flags]
     assert main(args) == 2
-    assert seen["time_orders"] is time_orders and seen["max_states"] == 64 and seen["schedule"] == "dp"
+    assert seen.get("time_orders") is time_orders and seen["max_states"] == 64 and seen["schedule"] == "dp"
+    assert "max_groups" not in seen and "max_streams" not in seen
 
 
 def test_tune_reports_kernels_that_got_no_candidate():
@@ -97,6 +99,128 @@ def test_tune_reports_kernels_that_got_no_candidate():
                                   "keeps the default schedule (default 0.2500 ms) and later runs skip it")
     task.trials, task.best_ms = 16, 0.125
     assert _kernel_line(task) == "  fused_conv2d (x2): 16 trials, best 0.1250 ms (default 0.2500 ms)"
+
+
+def error_line(capsys, *argv: str) -> str:
+    """Run the command in this process: it must end with exit code 2 and one error line, no traceback."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exit:  # argparse's errors
+        code = exit.code
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A sequential llvm build of the branchy model at batch 1, with the model file and input files."""
+    import conftest
+
+    folder = tmp_path_factory.mktemp("cli")
+    onnx.save(conftest.branchy_model.__wrapped__(), folder / "branchy.onnx")
+    assert main(["build", str(folder / "branchy.onnx"), "-o", str(folder / "build"), "--batch", "1",
+                 "--target", "llvm"]) == 0
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype("float32")
+    np.save(folder / "x.npy", x)
+    np.savez(folder / "x.npz", input=x)
+    (folder / "notes.txt.npy").write_text("not an array")
+    (folder / "a_file").write_text("")
+    return folder
+
+
+def test_version(capsys):
+    import tvm
+
+    import tvmsched
+
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tvmsched {tvmsched.__version__} (TVM {tvm.__version__})"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "{build}", "--repeat", "0"], "argument --repeat: '0' is not an integer >= 1"),
+    (["bench", "{build}", "--warmup", "-1"], "argument --warmup: '-1' is not an integer >= 0"),
+    (["run", "{build}", "--streams", "0"], "argument --streams: '0' is not an integer >= 1"),
+    (["run", "{build}", "--batch", "two"], "argument --batch: 'two' is not an integer >= 1"),
+    (["run", "{build}", "--seed", "-3"], "argument --seed: '-3' is not an integer >= 0"),
+    (["tune", "squeezenet", "--time-budget=-5m"], "argument --time-budget: '-5m' is not a duration"),
+    (["tune", "squeezenet", "--concurrent", "0"], "argument --concurrent: '0' is not an integer >= 1"),
+    (["build", "{model}", "-o", "{folder}/a_file"], "argument -o/--output: '{folder}/a_file' is a file; give "
+                                                    "the path of a directory to write"),
+    (["build", "{model}", "-o", "{folder}/a_file/build"], "'{folder}/a_file/build' cannot be written: "
+                                                          "'{folder}/a_file' is a file"),
+    (["profile", "{build}", "-o", "{folder}/a_file"], "'{folder}/a_file' is a file"),
+    (["run", "{build}", "--save-output", "{folder}"], "argument --save-output: '{folder}' is a directory"),
+    (["models", "export", "squeezenet", "-o", "{folder}"],
+     "'{folder}' is a directory; give the path of a file"),
+    (["tune", "{model}", "--log", "{folder}/a_file"], "argument --log: '{folder}/a_file' is a file"),
+    (["build", "{model}", "-o", "{folder}/out", "--log", "{folder}/no_log"],
+     "argument --log: there is no tuning log '{folder}/no_log'; give a directory that tvmsched tune wrote"),
+])
+def test_bad_flags_are_refused_before_any_work(saved, capsys, monkeypatch, args, message):
+    import tvmsched
+
+    monkeypatch.setattr(tvmsched, "compile", None)  # compiling would fail with a traceback
+    fill = {"build": str(saved / "build"), "model": str(saved / "branchy.onnx"), "folder": str(saved)}
+    assert message.format(**fill) in error_line(capsys, *(arg.format(**fill) for arg in args))
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("input=missing.npy", "--input input=missing.npy: 'missing.npy' does not exist; write the array with "
+                          "numpy.save"),
+    ("input=notes.txt.npy", "'notes.txt.npy' is not a NumPy .npy file; write the array with "
+                            "numpy.save('notes.txt.npy', array)"),
+    ("input=x.npz", "'x.npz' is an .npz archive (of input), not one array; save the input alone: "
+                    "numpy.save('input.npy', numpy.load('x.npz')['input'])"),
+    ("x.npy", "--input 'x.npy': write NAME=FILE.npy"),
+    ("image=x.npy", "the model's inputs are input; unknown: image"),
+])
+def test_input_files_that_are_missing_or_not_one_array(saved, capsys, monkeypatch, flag, message):
+    monkeypatch.chdir(saved)
+    assert message in error_line(capsys, "run", "build", "--input", flag)
+
+
+def test_outputs_that_cannot_be_written(saved, capsys):
+    assert "cannot write '/proc/x.onnx' (" in error_line(capsys, "models", "export", "squeezenet", "-o",
+                                                          "/proc/x.onnx")
+    assert "cannot write '/proc/out.npz' (" in error_line(capsys, "run", str(saved / "build"),
+                                                           "--save-output", "/proc/out.npz")
+    assert "cannot write '/proc/bench.json' (" in error_line(capsys, "bench", str(saved / "build"),
+                                                              "--repeat", "1", "--json", "/proc/bench.json")
+
+
+def test_a_saved_build_refuses_compile_flags_and_reschedules_for_scheduling_flags(saved, capsys):
+    build = str(saved / "build")
+    assert error_line(capsys, "run", build, "--target", "llvm", "--log", str(saved)) == (
+        f"error: '{build}' is a saved build, and --target, --log apply when compiling; rebuild it (tvmsched "
+        f"build MODEL -o {build} --target --log ...) or leave them out")
+    assert "and --input-shape applies when compiling" in error_line(capsys, "bench", build, "--input-shape",
+                                                                    "input:1x3x8x8")
+    assert error_line(capsys, "run", build, "--max-states", "5") == (
+        "error: --schedule sequential does not take --max-states; leave it out or choose a scheduler that "
+        "does (tvmsched run --help)")
+    assert main(["run", build, "--schedule", "greedy", "--streams", "2", "--save-output",
+                 str(saved / "greedy.npz")]) == 0
+    assert f"rescheduled {build} (greedy): 2 stream(s)" in capsys.readouterr().err
+    assert main(["run", build, "--save-output", str(saved / "saved.npz")]) == 0
+    assert "rescheduled" not in capsys.readouterr().err  # the saved plan, as it was
+    greedy, sequential = (np.load(saved / name)["output"] for name in ("greedy.npz", "saved.npz"))
+    np.testing.assert_array_equal(greedy, sequential)
+
+
+def test_a_scheduler_flag_the_schedule_does_not_take_is_refused(saved, capsys):
+    assert "--schedule greedy does not take --max-group-size, --stage-sums" in error_line(
+        capsys, "run", str(saved / "branchy.onnx"), "--batch", "1", "--schedule", "greedy",
+        "--max-group-size", "2", "--stage-sums")
+
+
+def test_tune_names_a_missing_model(capsys):
+    assert "model file 'missing.onnx' does not exist" in error_line(capsys, "tune", "missing.onnx",
+                                                                     "--target", "llvm")
 
 
 def test_constant_input_on_build_and_run(tmp_path, capsys, runtime_axes_model):

@@ -25,6 +25,16 @@ def test_corrupt_file(tmp_path, branchy_model):
         frontend.load_model(path)
 
 
+def test_empty_file_and_a_protobuf_without_a_graph(tmp_path, branchy_model):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"empty.onnx' is not an ONNX model \(it is empty\); re-export"):
+        frontend.load_model(path)
+    path.write_bytes(branchy_model.graph.node[0].SerializeToString())  # parses as a model with no graph
+    with pytest.raises(ModelLoadError, match=r"is not an ONNX model \(it holds no graph\)"):
+        frontend.load_model(path)
+
+
 def test_invalid_graph_is_reported():
     node = helper.make_node("Relu", ["undefined_tensor"], ["output"])
     graph = helper.make_graph([node], "g", [tensor("input", [1])], [tensor("output", [1])])
@@ -46,8 +56,12 @@ def test_custom_domain_operator_is_unsupported():
     graph = helper.make_graph([node], "g", [tensor("input", [2])], [tensor("output", [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.example", 1)])
-    with pytest.raises(UnsupportedOperator, match="from domain com.example"):
+    with pytest.raises(UnsupportedOperator, match="from domain com.example .opset 1."):
         frontend.check_operators(model)
+    # a model of that domain only is refused by its node too, not for lacking the default domain's opset
+    del model.opset_import[0]
+    with pytest.raises(UnsupportedOperator, match="node 'n0' uses 'FusedThing' from domain com.example"):
+        tvmsched.compile(model)
 
 
 def test_operator_of_another_domain_only_is_named_with_its_domain():
@@ -55,8 +69,8 @@ def test_operator_of_another_domain_only_is_named_with_its_domain():
     node = helper.make_node("Binarizer", ["input"], ["output"], domain="ai.onnx.ml", name="bin")
     graph = helper.make_graph([node], "g", [tensor("input", [2])], [tensor("output", [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)])
-    with pytest.raises(UnsupportedOperator, match="node 'bin' uses 'Binarizer' from domain ai.onnx.ml; "
-                                                  "tvmsched converts the default ONNX domain"):
+    with pytest.raises(UnsupportedOperator, match=r"node 'bin' uses 'Binarizer' from domain ai.onnx.ml "
+                                                  r"\(opset 3\); tvmsched converts the default ONNX domain"):
         tvmsched.compile(model, target="llvm")
 
 

@@ -10,6 +10,7 @@ import signal
 from collections import Counter
 
 import numpy as np
+import psutil
 import pytest
 import tvm
 from conftest import assert_matches, onnxruntime_outputs
@@ -166,6 +167,57 @@ def test_cli_tunes_into_the_log(tmp_path, branchy_model):
     assert all(entry["trials"] == 1 for entry in manifest["workloads"].values())
 
 
+def relu_model(*widths: int):
+    """One Relu per width, on an input of shape [1, width] each: a kernel each."""
+    from conftest import make_model, tensor
+    from onnx import helper
+
+    return make_model([helper.make_node("Relu", [f"x{width}"], [f"y{width}"]) for width in widths],
+                      [tensor(f"x{width}", [1, width]) for width in widths],
+                      [tensor(f"y{width}", [1, width]) for width in widths], {})
+
+
+def test_builds_apply_your_log_first_then_the_shipped_one(tmp_path, monkeypatch):
+    """`tune` writes the user's log by default; a build applies it and the shipped one, the user's deciding
+    for the kernels it measured."""
+    from tvmsched.tuning import log as logs
+
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    monkeypatch.setattr(logs, "shipped_root", lambda: shipped)
+    monkeypatch.setenv("TVMSCHED_TUNING_LOGS", str(user))
+    tune(lowered(relu_model(4, 8)), LLVM, TuningLog.for_target(LLVM, shipped), TuneOptions(trials=2, **FAST))
+    tune(lowered(relu_model(8)), LLVM, TuningLog.for_target(LLVM), TuneOptions(trials=2, **FAST))
+    assert json.loads((user / LLVM.key / "manifest.json").read_text())["workloads"]  # the user's log
+    for root in (shipped, user):
+        set_defaults(TuningLog.for_target(LLVM, root), lambda key, entry: None)  # apply every record
+    model = tvmsched.compile(relu_model(4, 8), target="llvm")
+    assert model.meta.tuning_log == f"{user / LLVM.key}, {shipped / LLVM.key}"
+    assert len(model.meta.tuned_kernels) == 2
+    # where the user's log measured its tuning slower than the default, the default is kept
+    set_defaults(TuningLog.for_target(LLVM), lambda key, entry: entry["best_ms"] / 2)
+    model = tvmsched.compile(relu_model(4, 8), target="llvm")
+    width = {kernel.symbol: kernel.outputs[0].shape[1] for kernel in model.graph.kernels}
+    assert [width[symbol] for symbol in model.meta.tuned_kernels] == [4]
+    assert tvmsched.compile(relu_model(4, 8), target="llvm", tuning_log=user).meta.tuned_kernels == ()
+
+
+def test_cli_tune_writes_your_log_not_the_shipped_one(tmp_path, monkeypatch):
+    import onnx
+
+    from tvmsched.cli import main
+    from tvmsched.tuning import log as logs
+
+    monkeypatch.setattr(logs, "shipped_root", lambda: tmp_path / "shipped")
+    monkeypatch.delenv("TVMSCHED_TUNING_LOGS")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    onnx.save(relu_model(8), tmp_path / "relu.onnx")
+    assert main(["tune", str(tmp_path / "relu.onnx"), "--target", "llvm", "--trials", "1", "--search",
+                 "replay-trace", "--cost-model", "random", "--workers", "1"]) == 0
+    log = tmp_path / "home" / ".cache" / "tvmsched" / "tuning_logs" / LLVM.key
+    assert json.loads((log / "manifest.json").read_text())["workloads"]
+    assert not (tmp_path / "shipped").exists()
+
+
 def test_a_kernel_with_no_candidates_left_counts_as_done(tmp_path):
     from conftest import make_model, tensor
     from onnx import helper
@@ -238,6 +290,55 @@ def test_interrupt_keeps_records_and_manifest(tmp_path, branchy_model, concurren
     assert trials < 4 * len(manifest["workloads"])  # stopped early
     # the handlers are the caller's again (a shell's background job starts with SIGINT ignored)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+def test_ctrl_c_in_a_terminal_counts_no_candidate_it_killed(tmp_path, branchy_model, monkeypatch):
+    """A terminal's Ctrl-C reaches the builder's and runner's worker processes too, and the candidates they
+    were building fail: those are no trials. The log holds no record of them, the manifest counts none, and
+    a resumed run tunes that kernel again."""
+    from tvmsched.tuning.builder import PooledBuilder
+
+    build = PooledBuilder._cls.build
+    calls = []
+
+    def build_then_ctrl_c(self, inputs):
+        calls.append(len(inputs))
+        if len(calls) == 3:  # the defaults, the first kernel's batch, then Ctrl-C during the second's
+            workers = psutil.Process().children(recursive=True)
+            for worker in workers:
+                os.kill(worker.pid, signal.SIGINT)
+            psutil.wait_procs(workers, timeout=60)
+            os.kill(os.getpid(), signal.SIGINT)
+        return build(self, inputs)
+
+    monkeypatch.setattr(PooledBuilder._cls, "build", build_then_ctrl_c)
+    log = TuningLog.for_target(LLVM, tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, **FAST))
+    manifest = log.manifest()["workloads"]
+    run_secs = [json.loads(line)[1][1] for line in lines(log.records_path)]
+    assert len(run_secs) == sum(entry["trials"] for entry in manifest.values())
+    assert all(max(seconds) < 1 for seconds in run_secs)  # no record of a killed candidate
+    done = {key for key, entry in manifest.items() if entry["trials"] == 4}
+    assert len(done) == 1  # the first kernel (a fresh worker may measure some of the second's batch)
+    monkeypatch.setattr(PooledBuilder._cls, "build", build)
+    again = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=4, **FAST))
+    assert sorted(task.workload for task in again.tasks) == sorted(set(manifest) - done)
+
+
+def test_a_candidate_whose_worker_died_or_was_cancelled_is_no_trial():
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmsched.tuning.kernels import is_trial
+
+    built, failed = ms.builder.BuilderResult("a.so", None), ms.builder.BuilderResult(None, "error: bad")
+    measured = ms.runner.RunnerResult([0.001], None)
+    assert is_trial(built, measured) and is_trial(failed, ms.runner.RunnerResult(None, "no artifact"))
+    assert is_trial(built, ms.runner.RunnerResult(None, "LocalRunner: Timeout, killed after 30 seconds"))
+    assert not is_trial(built, ms.runner.RunnerResult(None, "LocalRunner: An exception occurred\n"
+                                                            "Subprocess terminated"))
+    assert not is_trial(ms.builder.BuilderResult(None, "build failed:\nSubprocess terminated"), measured)
+    assert not is_trial(ms.builder.BuilderResult(None, "build cancelled: the tuning run stopped"), measured)
 
 
 def test_kernels_tuned_at_once_keep_their_records_apart(tmp_path, branchy_model):

@@ -7,7 +7,6 @@ import json
 import os
 import statistics
 import threading
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -38,7 +37,7 @@ from tvmsched.target import (
     resolve_target,
     target_device_name,
 )
-from tvmsched.tuning import TuningLog
+from tvmsched.tuning import applied, build_logs
 
 META_SCHEMA = 1
 BINARY_ARTIFACTS = ("model.so", "constants.npz")
@@ -55,7 +54,7 @@ class ModelMeta:
     target: TargetSpec
     tvm_version: str
     tuned_kernels: tuple[str, ...] = ()  # symbols scheduled from the tuning log; the rest use defaults
-    tuning_log: str | None = None
+    tuning_log: str | None = None  # the logs applied, comma-separated
     kernels_hash: str = ""  # of the scheduled kernels, so stage latencies measured for them stay theirs
     fallbacks: tuple[tuple[str, str], ...] = ()  # (symbol, why) of kernels whose first schedule failed
     constant_inputs: tuple[ConstantInput, ...] = ()
@@ -100,8 +99,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
     `executor` defaults to the target's best.
 
-    Kernels take their schedules from the target's tuning log (`tuning_log`: a log directory or a root of
-    them, default `tuning_logs/`) where it has records, unless `tuned` is False; the others get defaults.
+    Kernels take their schedules from the target's tuning logs where they have records, unless `tuned` is
+    False; the others get defaults. The logs are the one at `tuning_log` (a log directory or a root of them)
+    if given, else the user's (where `tune` writes) and then the shipped one.
 
     `constant_inputs` binds graph inputs to values when the model is built: they become constants and are
     no longer inputs of the compiled model (needed where an input's value decides a shape, e.g. the axes
@@ -119,17 +119,17 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     progress("lowering and fusing")
     lowered = lower(relax_module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
-    log = TuningLog.for_target(spec, tuning_log) if tuned else None
+    logs = build_logs(spec, tuning_log) if tuned else []
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
-    with log.applied(workloads) if log else nullcontext((None, frozenset())) as (database, keep_default):
+    with applied(logs, workloads) as (database, keep_default, used):
         built = build_library(kernel_module(lowered), spec, database, keep_default)
     graph = graph.with_workspace(built.workspace)
     output_names = [value.name for value in proto.graph.output]
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))
     meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
-                     str(log.directory) if database else None, built.kernels_hash,
+                     ", ".join(str(log.directory) for log in used) or None, built.kernels_hash,
                      tuple(sorted(built.fallbacks.items())),
                      tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()))
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
@@ -326,6 +326,9 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
                             f"create one with: tvmsched build MODEL -o {directory}")
     meta_json = _read_json(directory / "meta.json")
     meta = ModelMeta.from_json(meta_json)
+    if meta.target.kind == "cuda" and not tvm.cuda(0).exist:  # its library would not even load here
+        raise TargetError(f"'{directory}' was built for CUDA ({meta.target.key}) and no CUDA device is "
+                          f"present; rebuild with --target llvm to run on the CPU")
     if meta.tvm_version != tvm.__version__ and not force:
         raise ArtifactError(f"'{directory}' was built with TVM {meta.tvm_version}, this is TVM "
                             f"{tvm.__version__}; rebuild it (or load with force=True / --force)")
@@ -344,9 +347,6 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     except Exception as error:  # zipfile, numpy and TVM each raise their own types for a broken file
         raise ArtifactError(f"'{directory}' has a corrupt file ({type(error).__name__}: {error}); "
                             f"rebuild it") from error
-    if meta.target.kind == "cuda" and not tvm.cuda(0).exist:
-        raise TargetError(f"'{directory}' was built for CUDA ({meta.target.key}) and no CUDA device is "
-                          f"present; rebuild with --target llvm to run on the CPU")
     return CompiledModel(library, graph, plan, constants, meta, executor)
 
 

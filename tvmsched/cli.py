@@ -1,4 +1,9 @@
-"""The `tvmsched` command line: models, build, run, bench."""
+"""The `tvmsched` command line: models, build, run, bench, profile, tune.
+
+Every error is one line naming the problem, the object and the fix, with exit code 2: flags are checked as
+they are parsed (numbers in range, output paths writable in kind) and everything else raises a
+`TvmschedError`, so a wrong flag or file is reported before anything is compiled where it can be.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,11 +19,22 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tvmsched.errors import InputError, TvmschedError
+from tvmsched.errors import InputError, OutputError, TvmschedError, UsageError
 from tvmsched.frontend import parse_input_shape
 from tvmsched.tuning.tune import CONCURRENT, COST_MODELS, SEARCH_STRATEGIES, TuneOptions
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+SAVED_BUILD_HELP = ("Given a build directory, the scheduling flags (--schedule, --streams, --cost, "
+                    "--stream-mapping and dp's) reschedule its kernels (nothing is recompiled; --schedule "
+                    "defaults to the build's), the flags that apply when compiling (--target, "
+                    "--input-shape, --log, --untuned) are refused: rebuild instead, and --constant-input "
+                    "values must be those the build was made with.")
+COMPILE_FLAGS = {"target": "--target", "input_shape": "--input-shape", "log": "--log", "untuned": "--untuned"}
+# The scheduling flags: their keyword arguments of `compile` and `reschedule`, and the flags themselves.
+SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost", "max_group_size": "--max-group-size",
+                  "max_groups": "--max-groups", "max_states": "--max-states", "time_orders": "--stage-sums",
+                  "stream_mapping": "--stream-mapping"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,11 +62,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _build_parser() -> _Parser:
+    import tvm
+
+    import tvmsched
+
     parser = _Parser(prog="tvmsched", description=(
         "Compile ONNX models with TVM into fast GPU inference: tuned kernels (MetaSchedule) run on "
         "several CUDA streams by an inter-operator schedule. MODEL is an .onnx file or a zoo model name "
         "(tvmsched models list)."))
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
+    parser.add_argument("--version", action="version",
+                        version=f"tvmsched {tvmsched.__version__} (TVM {tvm.__version__})")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command",
+                                     parser_class=_Parser)
 
     models = commands.add_parser("models", help="list or export the built-in model zoo")
     models_commands = models.add_subparsers(title="actions", metavar="ACTION", parser_class=_Parser)
@@ -57,33 +81,37 @@ def _build_parser() -> _Parser:
     listing.set_defaults(handler=_models_list)
     export = models_commands.add_parser("export", help="write a zoo model as an .onnx file")
     export.add_argument("name", help="zoo model name")
-    export.add_argument("-o", "--output", required=True, type=Path, help="the .onnx file to write")
-    export.add_argument("--batch", type=int, default=None,
+    export.add_argument("-o", "--output", required=True, type=_output("file"), help="the .onnx file to write")
+    export.add_argument("--batch", type=_positive, default=None,
                         help="static batch size (default: a symbolic 'batch' dimension)")
-    export.add_argument("--image-size", type=int, default=None, help="input height and width")
+    export.add_argument("--image-size", type=_positive, default=None, help="input height and width")
     export.set_defaults(handler=_models_export)
 
     build = commands.add_parser("build", help="compile a model into a directory (model.so, plan, metadata)")
     build.add_argument("model", help="an .onnx file or a zoo model name")
-    build.add_argument("-o", "--output", required=True, type=Path, help="the build directory to write")
+    build.add_argument("-o", "--output", required=True, type=_output("directory"),
+                       help="the build directory to write")
     _add_compile_flags(build)
     build.set_defaults(handler=_build)
 
-    run = commands.add_parser("run", help="run one inference of a build directory or a model")
+    run = commands.add_parser("run", help="run one inference of a build directory or a model",
+                              description=SAVED_BUILD_HELP)
     run.add_argument("model", help="a build directory, an .onnx file or a zoo model name")
     _add_compile_flags(run)
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                      help="an input from a .npy file (repeatable); others are random (seeded)")
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    run.add_argument("--save-output", type=Path, metavar="FILE.npz", help="write the outputs to an .npz")
+    run.add_argument("--seed", type=_count, default=0, help="seed of the random inputs")
+    run.add_argument("--save-output", type=_output("file"), metavar="FILE.npz",
+                     help="write the outputs to an .npz")
     run.set_defaults(handler=_run)
 
-    bench = commands.add_parser("bench", help="time inference of a build directory or a model")
+    bench = commands.add_parser("bench", help="time inference of a build directory or a model",
+                                description=SAVED_BUILD_HELP)
     bench.add_argument("model", help="a build directory, an .onnx file or a zoo model name")
     _add_compile_flags(bench)
-    bench.add_argument("--warmup", type=int, default=10, help="untimed runs first (default 10)")
-    bench.add_argument("--repeat", type=int, default=50, help="timed runs; the median is reported")
-    bench.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON")
+    bench.add_argument("--warmup", type=_count, default=10, help="untimed runs first (default 10)")
+    bench.add_argument("--repeat", type=_positive, default=50, help="timed runs; the median is reported")
+    bench.add_argument("--json", type=_output("file"), metavar="FILE", help="also write the result as JSON")
     bench.set_defaults(handler=_bench)
 
     profile = commands.add_parser(
@@ -91,12 +119,13 @@ def _build_parser() -> _Parser:
         description="Time every kernel alone (median of --repeat) with its FLOPs, bytes, TFLOP/s, GB/s and "
                     "share of the GPU's roofline, trace one inference with a track per stream, and write "
                     "kernels.csv, profile.json, trace.json (open it in https://ui.perfetto.dev), "
-                    "timeline.png and schedule.png/.svg into -o DIR.")
+                    f"timeline.png and schedule.png/.svg into -o DIR. {SAVED_BUILD_HELP}")
     profile.add_argument("model", help="a build directory, an .onnx file or a zoo model name")
-    profile.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="where to write")
+    profile.add_argument("-o", "--output", required=True, type=_output("directory"), metavar="DIR",
+                         help="where to write")
     _add_compile_flags(profile)
-    profile.add_argument("--repeat", type=int, default=50, help="timed runs per kernel (default 50)")
-    profile.add_argument("--top", type=int, default=20, help="kernels shown in the table (default 20)")
+    profile.add_argument("--repeat", type=_positive, default=50, help="timed runs per kernel (default 50)")
+    profile.add_argument("--top", type=_positive, default=20, help="kernels shown in the table (default 20)")
     profile.set_defaults(handler=_profile)
     _add_tune_command(commands)
     return parser
@@ -106,13 +135,19 @@ def _add_tune_command(commands) -> None:
     tune = commands.add_parser(
         "tune", help="tune a model's kernels with MetaSchedule into the target's tuning log",
         description="Tune every unique kernel of the models with MetaSchedule and append the measured "
-                    "records to tuning_logs/<target key>/ (or --log), which every later build for that "
-                    "target applies. Rerunning continues: kernels that already have --trials trials are "
-                    "skipped. Ctrl-C, SIGTERM or --time-budget stops early and keeps every measured record.")
+                    "records to your tuning log (--log DIR, else $TVMSCHED_TUNING_LOGS, else "
+                    "~/.cache/tvmsched/tuning_logs), in <target key>/, which every later build for that "
+                    "target applies before the logs shipped in tuning_logs/. Rerunning continues: kernels "
+                    "that already have --trials trials are skipped. Ctrl-C, SIGTERM or --time-budget stops "
+                    "early and keeps every measured record.")
     tune.add_argument("models", nargs="*", metavar="MODEL", help=".onnx files or zoo model names")
     tune.add_argument("--zoo", nargs="+", default=[], metavar="NAME", help="zoo models to tune (or 'all')")
     _add_model_flags(tune)
-    tune.add_argument("--trials", type=int, default=64,
+    tune.add_argument("--log", type=_output("directory"), default=None, metavar="DIR",
+                      help="the tuning log to write: a log directory or a folder of them by target key "
+                           "(default: $TVMSCHED_TUNING_LOGS, else ~/.cache/tvmsched/tuning_logs; "
+                           "--log tuning_logs writes the repository's shipped logs)")
+    tune.add_argument("--trials", type=_positive, default=64,
                       help="measured candidates per unique kernel, over all runs (default 64)")
     tune.add_argument("--time-budget", type=_duration, default=None, metavar="8m",
                       help="start no new batch of trials after this long, and no new kernel expected to "
@@ -120,18 +155,18 @@ def _add_tune_command(commands) -> None:
                            "the log take up to a minute more")
     tune.add_argument("--search", choices=SEARCH_STRATEGIES, default="evolutionary",
                       help="MetaSchedule search strategy (default evolutionary)")
-    tune.add_argument("--population", type=int, default=TuneOptions.population,
+    tune.add_argument("--population", type=_positive, default=TuneOptions.population,
                       help=f"evolutionary search: candidates per generation (default "
                            f"{TuneOptions.population})")
-    tune.add_argument("--generations", type=int, default=TuneOptions.generations,
+    tune.add_argument("--generations", type=_positive, default=TuneOptions.generations,
                       help=f"evolutionary search: mutation rounds per measured batch (default "
                            f"{TuneOptions.generations})")
     tune.add_argument("--cost-model", choices=COST_MODELS, default="xgb",
                       help="the model that ranks candidates before measuring (default xgb)")
     tune.add_argument("--rpc", metavar="HOST:PORT:KEY",
                       help="measure on the devices registered with this TVM RPC tracker under KEY")
-    tune.add_argument("--workers", type=int, default=None, help="parallel builds (default: every core)")
-    tune.add_argument("--concurrent", type=int, default=None, metavar="N",
+    tune.add_argument("--workers", type=_positive, default=None, help="parallel builds (default: every core)")
+    tune.add_argument("--concurrent", type=_positive, default=None, metavar="N",
                       help=f"kernels tuned at once, sharing the builds and measuring one candidate at a "
                            f"time (default {CONCURRENT}; 1 when measuring on this machine's CPU, whose "
                            f"timings concurrent builds would disturb)")
@@ -143,17 +178,73 @@ def _duration(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600}
     number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
     try:
-        return float(number) * units[unit]
+        seconds = float(number) * units[unit]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a duration such as 90s, 8m or 1h") from None
+        seconds = -1.0
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a duration such as 90s, 8m or 1h")
+    return seconds
+
+
+def _integer(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer >= {least}")
+    return value
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return _integer(text, 1)
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return _integer(text, 0)
+
+
+def _output(kind: str):
+    """An argparse type for a path the command writes, a "file" or a "directory": refused before any work
+    if something of the other kind is there, or if a file stands where one of its folders would go."""
+    def path(text: str) -> Path:
+        path = Path(text)
+        if path.exists() and path.is_dir() != (kind == "directory"):
+            other = "a file" if kind == "directory" else "a directory"
+            raise argparse.ArgumentTypeError(f"'{text}' is {other}; give the path of a {kind} to write")
+        folder = next(parent for parent in path.absolute().parents if parent.exists())
+        if not folder.is_dir():
+            raise argparse.ArgumentTypeError(f"'{text}' cannot be written: '{folder}' is a file")
+        return path
+    return path
+
+
+def _tuning_log(text: str) -> Path:
+    """An argparse type: a tuning log to apply, which must exist."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"there is no tuning log '{text}'; give a directory that tvmsched "
+                                         f"tune wrote (tvmsched tune MODEL --log {text})")
+    return Path(text)
+
+
+@contextmanager
+def _writing(path: Path):
+    """Report a failed write under `path` as one error naming the file."""
+    try:
+        yield
+    except OSError as error:
+        raise OutputError(f"cannot write '{error.filename or path}' ({error.strerror or error}); choose "
+                          f"another path") from error
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="auto",
+    parser.add_argument("--target", default=None,
                         help="auto (cuda if a GPU is present, else llvm), llvm (CPU), cuda (the local "
                              "GPU, else cross-compile for the H100), or an NVIDIA TVM tag such as "
                              "nvidia/nvidia-a100 (default: auto)")
-    parser.add_argument("--batch", type=int, default=None,
+    parser.add_argument("--batch", type=_positive, default=None,
                         help="batch size: binds dim 0 of every input (zoo models default to 1)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:1x3x224x224",
                         help="bind the whole shape of one input (repeatable)")
@@ -161,38 +252,39 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="bind one input to a value when the model is built (repeatable): it becomes a "
                              "constant, no longer an input; needed where an input's value decides a shape "
                              "(a Reshape's shape, a ReduceSum's axes, ...)")
-    parser.add_argument("--log", default=None, metavar="DIR",
-                        help="the tuning log: a log directory or a folder of them by target key (default: "
-                             "tuning_logs/ or $TVMSCHED_TUNING_LOGS)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
     _add_model_flags(parser)
+    parser.add_argument("--log", type=_tuning_log, default=None, metavar="DIR",
+                        help="the only tuning log to apply: a log directory or a folder of them by target "
+                             "key (default: yours, where tvmsched tune writes, then the shipped ones)")
     parser.add_argument("--untuned", action="store_true",
-                        help="ignore the tuning log: every kernel gets its default schedule")
+                        help="ignore the tuning logs: every kernel gets its default schedule")
     from tvmsched.executor import EXECUTORS
     from tvmsched.schedule import SCHEDULERS
-    from tvmsched.schedule.base import DEFAULT_STREAM_MAPPING, STREAM_MAPPINGS
+    from tvmsched.schedule.base import STREAM_MAPPINGS
 
-    parser.add_argument("--schedule", default="sequential", choices=sorted(SCHEDULERS),
+    parser.add_argument("--schedule", default=None, choices=sorted(SCHEDULERS),
                         help="inter-operator schedule: which stream runs each kernel, in which order "
                              "(default: sequential)")
-    parser.add_argument("--streams", type=int, default=8, help="at most this many CUDA streams (default 8)")
+    parser.add_argument("--streams", type=_positive, default=None,
+                        help="at most this many CUDA streams (default 8)")
     parser.add_argument("--cost", choices=("measured", "analytic"), default=None,
                         help="stage latencies for the schedulers: measured on the GPU (default where the "
                              "build's GPU is present; cached) or the analytic roofline model")
-    parser.add_argument("--max-group-size", type=int, default=3,
+    parser.add_argument("--max-group-size", type=_positive, default=None,
                         help="dp: at most this many kernels in one group of a stage (IOS's r, default 3)")
-    parser.add_argument("--max-groups", type=int, default=8,
+    parser.add_argument("--max-groups", type=_positive, default=None,
                         help="dp: at most this many concurrent groups in a stage (IOS's s, default 8)")
-    parser.add_argument("--max-states", type=int, default=1024,
+    parser.add_argument("--max-states", type=_positive, default=None,
                         help="dp: split a block whose search has more sets of kernels than this (default "
                              "1024; larger searches longer for schedules that are rarely better)")
     parser.add_argument("--stage-sums", action="store_true",
                         help="dp: choose each part's searched or greedy's stages by the sum of their "
                              "stage latencies, as IOS, instead of timing the whole plan on the GPU (the "
                              "executed plan has no barriers between stages; docs/schedulers.md)")
-    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=DEFAULT_STREAM_MAPPING,
+    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=None,
                         help="greedy and dp: the stream of each group of a stage; affinity (default): a "
                              "stream whose last kernel the group reads, else the one idle longest, so fewer "
                              "groups queue behind unrelated ones; index: group i on stream i")
@@ -218,34 +310,26 @@ def _models_export(args) -> None:
     from tvmsched import zoo
 
     kwargs = {"image_size": args.image_size} if args.image_size else {}
-    path = zoo.export(args.name, args.output, batch=args.batch or "batch", **kwargs)
+    with _writing(args.output):
+        path = zoo.export(args.name, args.output, batch=args.batch or "batch", **kwargs)
     console.print(f"wrote {path}")
 
 
 def _compiled(args):
-    """Load a build directory, or compile a model with the command's flags, showing progress."""
+    """Compile a model with the command's flags, showing progress, or load a build directory."""
     import tvmsched
-    from tvmsched.schedule import options_for
-    constants = dict(_npy_arrays("--constant-input", args.constant_input))
-    if Path(args.model).is_dir():
-        return tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force,
-                             constant_inputs=constants)
-    shapes = dict(parse_input_shape(text) for text in args.input_shape)
-    with console.status("compiling") as status:
-        def search_progress(stats: dict) -> None:
-            status.update(f"{args.model}: dp search: {stats['blocks']} blocks done "
-                          f"({stats['modeled_ms']:.3f} ms so far), {stats['states']} states, "
-                          f"{stats['stages_evaluated']} stages evaluated, "
-                          f"{stats['measurements']} measurements")
 
-        options = options_for(args.schedule, stream_mapping=args.stream_mapping,
-                              max_group_size=args.max_group_size, max_groups=args.max_groups,
-                              max_states=args.max_states, time_orders=not args.stage_sums,
-                              search_progress=search_progress)
-        model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
-                                 schedule=args.schedule, max_streams=args.streams, executor=args.executor,
-                                 cost=args.cost, tuning_log=args.log, tuned=not args.untuned,
-                                 constant_inputs=constants, **options,
+    constants = _npy_arrays("--constant-input", args.constant_input)  # before any work: files fail at once
+    if Path(args.model).is_dir():
+        return _loaded(args, constants)
+    shapes = dict(parse_input_shape(text) for text in args.input_shape)
+    schedule = args.schedule or "sequential"
+    with console.status("compiling") as status:
+        options = _schedule_options(args, schedule, status)
+        model = tvmsched.compile(args.model, target=args.target or "auto", batch=args.batch,
+                                 input_shapes=shapes, schedule=schedule, executor=args.executor,
+                                 tuning_log=args.log, tuned=not args.untuned, constant_inputs=constants,
+                                 **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
@@ -258,32 +342,66 @@ def _compiled(args):
     return model
 
 
-def _npy_arrays(flag: str, items: list[str]) -> list[tuple[str, np.ndarray]]:
-    """(name, array) of each NAME=FILE.npy of `flag`."""
-    arrays = []
-    for item in items:
-        name, _, file = item.partition("=")
-        if not name or not file:
-            raise InputError(f"{flag} '{item}': write NAME=FILE.npy")
-        try:
-            arrays.append((name, np.load(file)))
-        except (OSError, ValueError) as error:
-            raise InputError(f"{flag} '{item}': cannot read '{file}' as a .npy array ({error}); save it "
-                             f"with numpy.save") from error
-    return arrays
+def _loaded(args, constants: dict[str, np.ndarray]):
+    """The build directory `args.model` (refused if made with other `constants`), rescheduled if scheduling
+    flags are given (SAVED_BUILD_HELP)."""
+    import tvmsched
+
+    refused = [flag for name, flag in COMPILE_FLAGS.items() if getattr(args, name)]
+    if refused:
+        many = len(refused) > 1
+        raise UsageError(f"'{args.model}' is a saved build, and {', '.join(refused)} "
+                         f"{'apply' if many else 'applies'} when compiling; rebuild it (tvmsched build MODEL "
+                         f"-o {args.model} {' '.join(refused)} ...) or leave {'them' if many else 'it'} out")
+    model = tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force,
+                          constant_inputs=constants)
+    schedule = args.schedule or model.plan.scheduler
+    with console.status(f"{args.model}: scheduling ({schedule})") as status:
+        options = _schedule_options(args, schedule, status)
+        if args.schedule is None and not options.keys() & SCHEDULE_FLAGS.keys():
+            return model
+        model = model.reschedule(schedule, executor=args.executor, **options)
+    console.print(f"rescheduled {args.model} ({schedule}): {model.plan.num_streams} stream(s)")
+    return model
+
+
+def _schedule_options(args, schedule: str, status) -> dict:
+    """The scheduling flags given, as keyword arguments of `compile` and `reschedule` (the others keep their
+    defaults), and dp's progress shown in `status`; a flag that `schedule` does not take is refused."""
+    from tvmsched.schedule import options_for
+
+    def search_progress(stats: dict) -> None:
+        status.update(f"{args.model}: dp search: {stats['blocks']} blocks done "
+                      f"({stats['modeled_ms']:.3f} ms so far), {stats['states']} states, "
+                      f"{stats['stages_evaluated']} stages evaluated, {stats['measurements']} measurements")
+
+    given = {"max_streams": args.streams, "cost": args.cost, "max_group_size": args.max_group_size,
+             "max_groups": args.max_groups, "max_states": args.max_states,
+             "time_orders": False if args.stage_sums else None, "stream_mapping": args.stream_mapping}
+    given = {key: value for key, value in given.items() if value is not None}
+    for_scheduler = {key: value for key, value in given.items() if key not in ("max_streams", "cost")}
+    taken = options_for(schedule, **for_scheduler)
+    ignored = [SCHEDULE_FLAGS[key] for key in for_scheduler.keys() - taken.keys()]
+    if ignored:
+        raise UsageError(f"--schedule {schedule} does not take {', '.join(sorted(ignored))}; leave "
+                         f"{'them' if len(ignored) > 1 else 'it'} out or choose a scheduler that does "
+                         f"(tvmsched {args.command} --help)")
+    return {**given, **options_for(schedule, search_progress=search_progress)}
 
 
 def _build(args) -> None:
     model = _compiled(args)
-    model.save(args.output)
+    with _writing(args.output):
+        model.save(args.output)
     console.print(f"wrote {args.output}/ (graph {model.graph.hash}, "
                   f"{sum(tensor.nbytes for tensor in model.graph.constants) / 2**20:.1f} MiB of weights)")
 
 
 def _run(args) -> None:
+    given = _npy_arrays("--input", args.input)  # before compiling: a wrong file is reported at once
     model = _compiled(args)
     inputs = model.random_inputs(args.seed)
-    inputs.update(_npy_arrays("--input", args.input))
+    inputs.update(given)
     with model:  # releases its executor's streams, events and CUDA graph (main may run in a longer process)
         outputs = model.run(inputs)
     table = Table("output", "shape", "dtype", "min", "max", "mean", "argmax (first row)")
@@ -293,7 +411,37 @@ def _run(args) -> None:
                       f"{value.max():.4g}", f"{value.mean():.4g}", str(int(np.argmax(first))))
     Console().print(table)
     if args.save_output:
-        np.savez(args.save_output, **{spec.name: value for spec, value in zip(model.outputs, outputs)})
+        with _writing(args.save_output):
+            np.savez(args.save_output, **{spec.name: value for spec, value in zip(model.outputs, outputs)})
+
+
+def _npy_arrays(flag: str, items: list[str]) -> dict[str, np.ndarray]:
+    """The arrays of `flag`'s NAME=FILE.npy items, by name."""
+    arrays = {}
+    for item in items:
+        name, _, file = item.partition("=")
+        if not name or not file:
+            raise UsageError(f"{flag} '{item}': write NAME=FILE.npy")
+        arrays[name] = _read_array(f"{flag} {item}", Path(file))
+    return arrays
+
+
+def _read_array(where: str, path: Path) -> np.ndarray:
+    """The array a .npy file holds; a missing file, another kind of file or an .npz archive is an error."""
+    if not path.is_file():
+        raise InputError(f"{where}: '{path}' does not exist; write the array with numpy.save")
+    try:
+        value = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise InputError(f"{where}: '{path}' is not a NumPy .npy file; write the array with "
+                         f"numpy.save('{path}', array)") from error
+    if isinstance(value, np.lib.npyio.NpzFile):
+        with value:
+            keys = value.files
+        raise InputError(f"{where}: '{path}' is an .npz archive (of {', '.join(keys) or 'nothing'}), not one "
+                         f"array; save the input alone: numpy.save('input.npy', "
+                         f"numpy.load('{path}')['{keys[0] if keys else 'NAME'}'])")
+    return value
 
 
 def _bench(args) -> None:
@@ -306,8 +454,8 @@ def _bench(args) -> None:
                     f"{result['streams']} streams): median {result['median_ms']:.3f} ms "
                     f"(min {result['min_ms']:.3f}, max {result['max_ms']:.3f}, {args.repeat} runs)")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-
+        with _writing(args.json):
+            args.json.write_text(json.dumps(result, indent=1))
 
 
 def _profile(args) -> None:
@@ -326,10 +474,11 @@ def _profile(args) -> None:
                       f"{kernel.ms:.4f}", f"{100 * kernel.ms / result.kernel_ms:.1f}", f"{kernel.tflops:.2f}",
                       f"{kernel.gbps:.1f}", roofline, "yes" if kernel.tuned else "")
     Console().print(table)
-    written = result.save(args.output)
-    written.append(plot.timeline(result, args.output / "timeline.png"))
-    written += [plot.schedule(model.graph, model.plan, args.output / f"schedule.{suffix}")
-                for suffix in ("png", "svg")]
+    with _writing(args.output):
+        written = result.save(args.output)
+        written.append(plot.timeline(result, args.output / "timeline.png"))
+        written += [plot.schedule(model.graph, model.plan, args.output / f"schedule.{suffix}")
+                    for suffix in ("png", "svg")]
     console.print(f"wrote {', '.join(path.name for path in written)} to {args.output}/")
 
 
@@ -344,11 +493,11 @@ def _tune(args) -> None:
 
     names = [*args.models, *(zoo.list_models() if args.zoo == ["all"] else args.zoo)]
     if not names:
-        raise InputError("name the models to tune: tvmsched tune MODEL... or --zoo NAME... (--zoo all)")
-    spec = resolve_target(args.target)
+        raise UsageError("name the models to tune: tvmsched tune MODEL... or --zoo NAME... (--zoo all)")
+    spec = resolve_target(args.target or "auto")
     log = TuningLog.for_target(spec, args.log)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
-    constants = dict(_npy_arrays("--constant-input", args.constant_input))
+    constants = _npy_arrays("--constant-input", args.constant_input)
     started = time.monotonic()  # the budget covers lowering too
     options = TuneOptions(trials=args.trials, search=args.search,
                           population=args.population, generations=args.generations,

@@ -51,5 +51,14 @@ class ArtifactError(TvmschedError):
     """A saved build (library, plan, metadata) is missing, corrupt, or made for something else."""
 
 
+class UsageError(TvmschedError):
+    """A command's flags contradict each other or what they are applied to (e.g. a compile flag given
+    with a saved build)."""
+
+
+class OutputError(TvmschedError):
+    """A file or directory tvmsched was asked to write cannot be written there."""
+
+
 class TuningLogError(TvmschedError):
     """A tuning log is corrupt, made for another target, or being written by another tuning run."""

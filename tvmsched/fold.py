@@ -93,11 +93,16 @@ def check_value_inputs(model: FoldedModel) -> None:
 
     index, node, name, _ = found[0]
     inputs = tuple(dict.fromkeys(source for *_, sources in found for source in sources))
-    flags = " ".join(f"--constant-input {source}=FILE.npy" for source in inputs)
     raise ConstantInputRequired(
         f"{describe_node(node, index)} needs the value of its input '{name}' when the model is built (it "
-        f"decides a shape or an axis), but {_values_of(inputs)} only known at run time; bind "
-        f"{'them' if len(inputs) > 1 else 'it'} with {flags} (constant_inputs= in Python)", inputs)
+        f"decides a shape or an axis), but {_values_of(inputs)} only known at run time; "
+        f"{bind_values_fix(inputs)}", inputs)
+
+
+def bind_values_fix(inputs: tuple[str, ...]) -> str:
+    """The fix for graph inputs whose values decide a shape: bind them when the model is built."""
+    flags = " ".join(f"--constant-input {name}=FILE.npy" for name in inputs)
+    return f"bind {'them' if len(inputs) > 1 else 'it'} with {flags} (constant_inputs= in Python)"
 
 
 def _values_of(inputs: tuple[str, ...]) -> str:

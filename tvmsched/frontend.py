@@ -70,6 +70,10 @@ def load_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
         except Exception as error:  # protobuf raises several unrelated types
             raise ModelLoadError(f"'{path}' is not a readable ONNX model ({error}); "
                                  f"re-export it or check that the file is complete") from error
+        if not proto.HasField("graph"):  # an empty file, or another kind of protobuf, parses as no model
+            content = "it is empty" if path.stat().st_size == 0 else "it holds no graph"
+            raise ModelLoadError(f"'{path}' is not an ONNX model ({content}); re-export it or check that "
+                                 f"the file is complete")
     try:  # by path where there is one: the checker serializes a proto, which protobuf caps at 2 GB
         onnx.checker.check_model(proto if isinstance(model, onnx.ModelProto) else str(model))
     except onnx.checker.ValidationError as error:
@@ -94,18 +98,19 @@ def check_operators(proto: onnx.ModelProto) -> None:
     from tvmsched.importer import supported_ops
 
     supported = supported_ops()
+    opsets = {opset.domain or "ai.onnx": opset.version for opset in proto.opset_import}
     for index, node in enumerate(proto.graph.node):
         name = node.name or f"#{index}"
         if node.domain not in ("", "ai.onnx"):
             raise UnsupportedOperator(
-                f"node '{name}' uses '{node.op_type}' from domain {node.domain}; tvmsched converts the "
-                f"default ONNX domain (ai.onnx) only: replace it in the exporter or decompose it into "
-                f"supported ops")
+                f"node '{name}' uses '{node.op_type}' from domain {node.domain} (opset "
+                f"{opsets.get(node.domain, '?')}); tvmsched converts the default ONNX domain (ai.onnx) only: "
+                f"replace it in the exporter or decompose it into supported ops")
         if node.op_type not in supported:
             raise UnsupportedOperator(
-                f"node '{name}' uses '{node.op_type}' (opset {default_opset(proto)}), which the TVM Relax "
-                f"ONNX frontend cannot import; replace it in the exporter or decompose it into supported "
-                f"ops")
+                f"node '{name}' uses '{node.op_type}' (opset {opsets.get('ai.onnx', '?')}), which the TVM "
+                f"Relax ONNX frontend cannot import; replace it in the exporter or decompose it into "
+                f"supported ops")
 
 
 def default_opset(proto: onnx.ModelProto) -> int:
@@ -113,7 +118,8 @@ def default_opset(proto: onnx.ModelProto) -> int:
     for opset in proto.opset_import:
         if opset.domain in ("", "ai.onnx"):
             return opset.version
-    raise ModelLoadError("the ONNX model does not import the default operator set")
+    raise ModelLoadError("the ONNX model imports no opset of the default domain (ai.onnx); re-export it "
+                         "with one")
 
 
 def bind_input_shapes(proto: onnx.ModelProto, batch: int | None = None,

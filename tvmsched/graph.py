@@ -161,9 +161,8 @@ class _Extractor:
         body = self.main.body
         for block in body.blocks:
             for binding in block.bindings:
-                if not isinstance(binding, relax.VarBinding):
-                    raise GraphError(f"binding '{binding.var.name}' is a match_cast; the model must have "
-                                     f"static shapes (bind inputs with --batch / --input-shape)")
+                if not isinstance(binding, relax.VarBinding):  # a match_cast: a shape found at run time
+                    raise GraphError(_run_time_shape(f"tensor '{binding.var.name}'"))
                 self.env[binding.var] = self._bind(binding.var, binding.value)
         outputs = self._flatten(self._resolve(body.body, "the return value"))
         graph = KernelGraph(tuple(self.kernels), tuple(inputs), tuple(outputs),
@@ -175,9 +174,7 @@ class _Extractor:
             return self._kernel(var, value)
         if isinstance(value, relax.Var | tvm.ir.Constant | relax.Tuple | relax.TupleGetItem):
             return self._resolve(value, var.name)
-        op = getattr(value.op, "name", type(value.op).__name__) if isinstance(value, relax.Call) else ""
-        raise GraphError(f"binding '{var.name}' is a {type(value).__name__} {op}; the kernel graph holds "
-                         f"only call_tir kernels (an operator the lowering pipeline did not legalize)")
+        raise GraphError(_not_a_kernel(f"'{var.name}'", value))
 
     def _resolve(self, expr, where: str):
         """The TensorRef (or tuple of them) an expression denotes."""
@@ -189,7 +186,7 @@ class _Extractor:
             return tuple(self._resolve(field, where) for field in expr.fields)
         if isinstance(expr, relax.TupleGetItem):
             return self._resolve(expr.tuple_value, where)[expr.index]
-        raise GraphError(f"{where} is a {type(expr).__name__}, which the kernel graph cannot represent")
+        raise GraphError(_not_a_kernel(where, expr))
 
     def _constant(self, constant) -> TensorRef:
         for known, name in self.constant_names.items():
@@ -205,8 +202,7 @@ class _Extractor:
     def _kernel(self, var, call) -> TensorRef | tuple[TensorRef, ...]:
         symbol = call.args[0].name_hint
         if len(call.args) > 2:
-            raise GraphError(f"kernel '{var.name}' ({symbol}) takes symbolic shape arguments; bind every "
-                             f"input dimension statically")
+            raise GraphError(_run_time_shape(f"kernel '{symbol}'"))
         inputs = tuple(self._flatten(self._resolve(arg, var.name)) for arg in call.args[1].fields)
         inputs = tuple(ref for group in inputs for ref in group)
         kernel_id = len(self.kernels)
@@ -242,6 +238,24 @@ def _tensor_type(tensor_type, where: str) -> tuple[tuple[int, ...], str]:
     try:
         shape = tuple(int(dim) for dim in tensor_type.shape)
     except (TypeError, ValueError, AttributeError) as error:
-        raise GraphError(f"'{where}' has a non-static type {tensor_type}; bind every input dimension "
-                         f"statically") from error
+        raise GraphError(_run_time_shape(f"tensor '{where}'")) from error
     return shape, str(tensor_type.dtype)
+
+
+# The import refuses, naming the ONNX node, what these two catch: they are the last line of defence.
+def _run_time_shape(what: str) -> str:
+    return (f"{what} of the lowered model has a shape known only at run time (an op whose output size "
+            f"depends on its input values), and tvmsched compiles static shapes only; replace that op in the "
+            f"exporter")
+
+
+def _not_a_kernel(what: str, expr) -> str:
+    """Why a value of the lowered model that is no kernel's output cannot run, and the fix."""
+    if isinstance(expr, relax.Call):
+        name = getattr(expr.op, "name", None) or getattr(expr.op, "global_symbol", type(expr.op).__name__)
+        kind = f"the operation '{name.removeprefix('relax.')}'"
+    else:
+        kind = {"ShapeExpr": "a shape, not a tensor", "If": "a branch taken at run time (ONNX If)"}.get(
+            type(expr).__name__, f"a {type(expr).__name__}")
+    return (f"{what} in the lowered model is {kind}, which tvmsched cannot run as a kernel; replace the ONNX "
+            f"op that computes it in the exporter (or compute it outside the model)")

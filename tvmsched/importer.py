@@ -14,7 +14,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 from tvmsched.converters import CONVERTERS
 from tvmsched.errors import TvmschedError, UnsupportedOperator
 from tvmsched.fold import FoldedModel
-from tvmsched.lower import is_static
+from tvmsched.static_shapes import check_static_output
 
 
 def supported_ops() -> set[str]:
@@ -28,13 +28,14 @@ def describe_node(node: onnx.NodeProto, index: int) -> str:
 
 
 class _Importer(ONNXGraphImporter):
-    """TVM's importer, converting with `CONVERTERS` first and remembering the node being converted; the
-    graph's large weights are read from the model they belong to (`FoldedModel.weights`), not copied."""
+    """TVM's importer, converting with `CONVERTERS` first, remembering the node being converted, and
+    refusing a node whose output shape is not static (`static_shapes`); the graph's large weights are read
+    from the model they belong to (`FoldedModel.weights`), not copied."""
 
-    def __init__(self, *args, weights: tuple[onnx.TensorProto, ...] = (), **kwargs):
+    def __init__(self, graph: onnx.GraphProto, *args, weights: tuple[onnx.TensorProto, ...] = (), **kwargs):
         super().__init__(*args, **kwargs)
+        self.graph = graph
         self.node: onnx.NodeProto | None = None
-        self.graph: onnx.GraphProto | None = None
         self.weights = weights
 
     def _parse_graph_initializers(self, graph) -> None:
@@ -42,16 +43,12 @@ class _Importer(ONNXGraphImporter):
         for tensor in self.weights:
             self._nodes[tensor.name] = relax.const(self._parse_array(tensor))
 
-    def from_onnx(self, graph: onnx.GraphProto, opset: int) -> tvm.IRModule:
-        self.graph = graph
-        return super().from_onnx(graph, opset)
-
-    def where(self) -> str:
-        """The node being converted, as errors name it, or 'the graph' before the first."""
+    def where(self, opset: int) -> str:
+        """The node being converted, as errors name it."""
         if self.node is None:
             return "the graph"
-        return describe_node(self.node, next(
-            (index for index, other in enumerate(self.graph.node) if other == self.node), -1))
+        index = next((index for index, other in enumerate(self.graph.node) if other == self.node), -1)
+        return f"{describe_node(self.node, index)} (opset {opset})"
 
     def _parse_value_proto(self, value_proto):
         if isinstance(value_proto, onnx.NodeProto):  # called once per node, before it is converted
@@ -69,42 +66,30 @@ class _Importer(ONNXGraphImporter):
             try:
                 expr = converter.get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
             except UnsupportedOperator as error:  # a converter's refusal says why; name the node it refuses
-                raise UnsupportedOperator(f"{self.where()} (opset {opset}): {error}") from error
+                raise UnsupportedOperator(f"{self.where(opset)}: {error}") from error
             expr = self.bb.normalize(expr) if isinstance(expr, relax.Expr) else expr
-        self._check_static(expr, opset)
+        if self.node is not None:
+            check_static_output(self.node, expr, self.graph, self._nodes, self._input_names,
+                                lambda: self.where(opset))
         return expr
-
-    def _check_static(self, expr, opset: int) -> None:
-        """Refuse, naming the node, an output whose shape is known only at run time (a Range to a computed
-        limit, a Reshape to a computed shape): the kernel graph could not be built from it."""
-        fields = expr.ty.fields if isinstance(getattr(expr, "ty", None), relax.TupleType) else [
-            getattr(expr, "ty", None)]
-        for ty in fields:
-            if isinstance(ty, relax.TensorType) and not is_static(ty):
-                shape = "of unknown rank" if ty.shape is None else f"{list(ty.shape.values)}"
-                raise UnsupportedOperator(
-                    f"{self.where()} (opset {opset}): its output shape {shape} depends on values computed at "
-                    f"run time, and tvmsched compiles tensor programs with static shapes; make those values "
-                    f"constants in the exporter")
 
 
 def import_model(model: FoldedModel, shapes: dict[str, list[int]], dtypes: dict[str, str],
                  opset: int) -> tvm.IRModule:
     """The Relax module of `model` with its inputs bound to `shapes` and `dtypes`, weights as constants."""
     proto = model.proto
-    importer = _Importer(shapes, dtypes, keep_params_in_input=False, weights=model.weights)
+    importer = _Importer(proto.graph, shapes, dtypes, keep_params_in_input=False, weights=model.weights)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # TVM prints each failing node's inputs
             return importer.from_onnx(proto.graph, opset)
-    except TvmschedError:
-        _end_open_blocks(importer.bb)
-        raise
     except Exception as error:  # the importer raises TVMError, ValueError, AssertionError, KeyError, ...
         _end_open_blocks(importer.bb)
+        if isinstance(error, TvmschedError):
+            raise
         text = str(error).strip()
         message = text.splitlines()[-1] if text else type(error).__name__
-        raise UnsupportedOperator(f"{importer.where()} (opset {opset}) cannot be imported: {message}; "
-                                  f"replace it in the exporter or decompose it into supported ops") from error
+        raise UnsupportedOperator(f"{importer.where(opset)} cannot be imported: {message}; replace it in "
+                                  f"the exporter or decompose it into supported ops") from error
 
 
 def _end_open_blocks(builder: relax.BlockBuilder) -> None:

@@ -14,8 +14,6 @@ from tvmsched.converters.common import constant_value, take
 from tvmsched.errors import UnsupportedOperator
 
 _STATIC = "tvmsched compiles tensor programs with static shapes"
-_VALUE_SHAPED = (f"the shape of its output depends on the values of an input computed at run time, and "
-                 f"{_STATIC}; replace it in the exporter")
 
 
 class _Refused(onnx_frontend.OnnxOpConverter):
@@ -42,32 +40,31 @@ _refuse("it counts the n-grams of token sequences, which tvmsched does not conve
 _refuse(f"it decodes encoded image bytes, and {_STATIC} of numbers", "ImageDecoder")
 _refuse("it draws random numbers, and tvmsched compiles deterministic inference programs", "RandomNormal",
         "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial")
-_refuse(f"the shape of its outputs depends on the input values, and {_STATIC}", "Unique",
-        "NonMaxSuppression")
 
 
 @register_converter("NonZero")
 class NonZero(onnx_frontend.OnnxOpConverter):
-    """A constant where its input is one; refused where the input is computed at run time."""
+    """A constant where its input is one; else TVM's, whose output shape the import then refuses
+    (`static_shapes`: it depends on the data)."""
 
     @classmethod
     def _impl_v9(cls, bb, inputs, attr, params):
         value = constant_value(inputs[0])
         if value is None:
-            raise UnsupportedOperator(_VALUE_SHAPED)
+            return onnx_frontend.NonZero._impl_v9(bb, inputs, attr, params)
         return relax.const(np.array(np.nonzero(value), "int64"), "int64")
 
 
 @register_converter("Compress")
 class Compress(onnx_frontend.OnnxOpConverter):
-    """A gather of the selected indices where the condition is a constant; refused where it is computed at
-    run time."""
+    """A gather of the selected indices where the condition is a constant; else TVM's, whose output shape
+    the import then refuses (`static_shapes`: it depends on the data)."""
 
     @classmethod
     def _impl_v9(cls, bb, inputs, attr, params):
         data, condition = inputs[0], constant_value(inputs[1])
         if condition is None:
-            raise UnsupportedOperator(_VALUE_SHAPED)
+            return onnx_frontend.Compress._impl_v11(bb, inputs, attr, params)
         if "axis" not in attr:
             data, axis = relax.op.reshape(data, [-1]), 0
         else:

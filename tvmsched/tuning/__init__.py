@@ -1,6 +1,7 @@
 """Intra-operator tuning: MetaSchedule logs per target (`log`) and the `tune` driver."""
 
-from tvmsched.tuning.log import TuningLog, default_root
+from tvmsched.tuning.log import TuningLog, applied, build_logs, shipped_root, user_root
 from tvmsched.tuning.tune import TuneOptions, TuneResult, tune
 
-__all__ = ["TuneOptions", "TuneResult", "TuningLog", "default_root", "tune"]
+__all__ = ["TuneOptions", "TuneResult", "TuningLog", "applied", "build_logs", "shipped_root", "tune",
+           "user_root"]

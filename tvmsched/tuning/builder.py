@@ -34,6 +34,7 @@ def build_and_export(mod, target) -> str:
 
 
 NICENESS = 10  # of builds and searches: they yield the CPU to the process that measures
+CANCELLED = "build cancelled: the tuning run stopped"
 
 
 @derived_object
@@ -65,7 +66,7 @@ class PooledBuilder(ms.builder.PyBuilder):
         except TimeoutError:
             return ms.builder.BuilderResult(None, f"build timed out after {self.timeout_s:g} s")
         except CancelledError:
-            return ms.builder.BuilderResult(None, "build cancelled: the tuning run stopped")
+            return ms.builder.BuilderResult(None, CANCELLED)
         except Exception as error:
             return ms.builder.BuilderResult(None, f"build failed:\n{error}")
 

@@ -18,10 +18,11 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from tvmsched.tuning.builder import NICENESS
+from tvmsched.tuning.builder import CANCELLED, NICENESS
 from tvmsched.tuning.defaults import mean_ms
 
 
@@ -178,14 +179,48 @@ def _search(context, index: int, trials: int, tuning: KernelTuning, control: Run
                   max_trials_global=trials, num_trials_per_iter=min(64, trials), task_scheduler="round-robin",
                   builder=tuning.builder, runner=tuning.runner, database=tuning.database,
                   cost_model=tuning.cost_model,
-                  measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
+                  measure_callbacks=[_AddTrials(tuning.database), ms.measure_callback.RemoveBuildArtifact(),
+                                     ms.measure_callback.UpdateCostModel(),
                                      _ProgressCallback(control.result.tasks[index], control, report)])
+
+
+# How TVM's worker pools report a worker process that died. A terminal's Ctrl-C reaches the builder's and
+# the runner's workers too, and kills the candidates they hold.
+WORKER_DIED = "Subprocess terminated"
+FAILED_SECONDS = 1e10  # the time MetaSchedule records for a candidate that failed to build or run
+
+
+def is_trial(built: ms.builder.BuilderResult, ran: ms.runner.RunnerResult) -> bool:
+    """Whether a measured candidate counts as a trial of its kernel: it ran, or failed for a reason of its
+    own. One whose worker died or whose build was cancelled when the run stopped says nothing of itself:
+    it is neither recorded nor counted, so a later run tunes its kernel again."""
+    error = built.error_msg or ran.error_msg or ""
+    return WORKER_DIED not in error and not error.startswith(CANCELLED)
+
+
+@derived_object
+class _AddTrials(ms.measure_callback.PyMeasureCallback):
+    """MetaSchedule's AddToDatabase, for the candidates that are trials (`is_trial`) only."""
+
+    def __init__(self, database: SharedDatabase):
+        super().__init__()
+        self.database = database
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        context = task_scheduler.tasks_[task_id].ctx
+        workload = self.database.commit_workload(context.mod)
+        failed = [tvm.tirx.FloatImm("float32", FAILED_SECONDS)]
+        for candidate, built, ran in zip(measure_candidates, builder_results, runner_results):
+            if is_trial(built, ran):
+                record = ms.database.TuningRecord(candidate.sch.trace, workload, ran.run_secs or failed,
+                                                  context.target, candidate.args_info)
+                self.database.commit_tuning_record(record)
 
 
 @derived_object
 class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
-    """After each measured batch of one kernel: count its trials, failures and best latency, report, and
-    stop if the run should."""
+    """After each measured batch of one kernel: count its trials (`is_trial`), failures and best latency,
+    report, and stop if the run should."""
 
     def __init__(self, task, control: RunControl, report):
         super().__init__()
@@ -196,8 +231,10 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
         result = self.control.result
         with self.control.lock:
-            self.task.trials += len(measure_candidates)
             for built, ran in zip(builder_results, runner_results):
+                if not is_trial(built, ran):
+                    continue
+                self.task.trials += 1
                 if built.error_msg:
                     result.failed_builds += 1
                     _remember(result, built.error_msg)

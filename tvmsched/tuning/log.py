@@ -1,4 +1,8 @@
-"""Tuning logs: `tuning_logs/<target key>/`, one MetaSchedule JSON database per target plus manifest.json.
+"""Tuning logs: `<root>/<target key>/`, one MetaSchedule JSON database per target plus manifest.json.
+
+Two roots: the logs shipped with tvmsched (the repository's `tuning_logs/`), and the user's, where `tune`
+writes unless told where ($TVMSCHED_TUNING_LOGS, else ~/.cache/tvmsched/tuning_logs): an installed package
+is not the user's to write. Builds apply the user's log first, then the shipped one (`build_logs`).
 
 The database is MetaSchedule's own JSON (`database_workload.json`, one workload per line;
 `database_tuning_record.json`, one `[workload index, record]` per line), kept gzip-compressed (`.json.gz`,
@@ -38,9 +42,14 @@ MANIFEST = "manifest.json"
 FAILED_MS = 1e12  # MetaSchedule records a candidate that failed to build or run as 1e10 s
 
 
-def default_root() -> Path:
-    """$TVMSCHED_TUNING_LOGS, else the `tuning_logs/` shipped beside the package."""
-    return Path(os.environ.get("TVMSCHED_TUNING_LOGS") or Path(__file__).resolve().parents[2] / "tuning_logs")
+def user_root() -> Path:
+    """Where `tune` writes by default: $TVMSCHED_TUNING_LOGS, else ~/.cache/tvmsched/tuning_logs."""
+    return Path(os.environ.get("TVMSCHED_TUNING_LOGS") or Path.home() / ".cache" / "tvmsched" / "tuning_logs")
+
+
+def shipped_root() -> Path:
+    """The `tuning_logs/` shipped beside the package (the repository's, in git)."""
+    return Path(__file__).resolve().parents[2] / "tuning_logs"
 
 
 @dataclass(frozen=True)
@@ -53,8 +62,8 @@ class TuningLog:
     @classmethod
     def for_target(cls, spec: TargetSpec, location: str | Path | None = None) -> TuningLog:
         """The log for `spec`: `location` itself if it is a log (has a manifest), else `<location or the
-        default root>/<target key>`. A log made for another target key is refused."""
-        location = Path(location) if location else default_root()
+        user's root>/<target key>`. A log made for another target key is refused."""
+        location = Path(location) if location else user_root()
         directory = location if (location / MANIFEST).is_file() else location / spec.key
         log = cls(directory, spec.key)
         log.manifest()  # refuses a foreign log before anything uses it
@@ -107,19 +116,6 @@ class TuningLog:
                                  f"not {self.target_key}; logs are applied only to their own target (tune "
                                  f"for this one with: tvmsched tune MODEL --target ...)")
         return manifest
-
-    @contextmanager
-    def applied(self, workloads: dict[str, str]):
-        """For a build whose kernels have `workloads` ({symbol: workload}): a validated copy of the
-        database (None for an empty log) and the symbols that keep their default schedule because tuning
-        measured them slower."""
-        if not self.exists():
-            yield None, frozenset()
-            return
-        slower = self.slower_than_default()
-        keep_default = frozenset(symbol for symbol, workload in workloads.items() if workload in slower)
-        with tempfile.TemporaryDirectory(prefix="tvmsched-log-") as copy:
-            yield self.database(copy), keep_default
 
     def slower_than_default(self) -> set[str]:
         """Workloads whose best tuned record measured no faster than their default schedule: builds keep
@@ -233,6 +229,36 @@ class TuningLog:
                                          f"file (git checkout {where.name}) or delete that line")
             checked.append(lines)
         return _merged(*checked)
+
+
+def build_logs(spec: TargetSpec, location: str | Path | None = None) -> list[TuningLog]:
+    """The logs a build for `spec` applies, first to last: the one at `location` if given, else the user's
+    (where `tune` writes) and the shipped one."""
+    roots = [location] if location else [user_root(), shipped_root()]
+    logs = [TuningLog.for_target(spec, root) for root in roots]
+    return [log for index, log in enumerate(logs)
+            if log.directory.resolve() not in {other.directory.resolve() for other in logs[:index]}]
+
+
+@contextmanager
+def applied(logs: list[TuningLog], workloads: dict[str, str]):
+    """For a build whose kernels have `workloads` ({symbol: workload}): one database of the best records of
+    `logs` (None if none has any), where each workload's records come from the first log that measured it;
+    the symbols that keep their default schedule because that log measured tuning slower; and the logs
+    applied."""
+    used = [log for log in logs if log.exists()]
+    if not used:
+        yield None, frozenset(), []
+        return
+    slower, measured = set(), set()
+    for log in used:
+        slower |= log.slower_than_default() - measured
+        measured |= {key for key, entry in log.manifest()["workloads"].items() if "best_ms" in entry}
+    keep_default = frozenset(symbol for symbol, workload in workloads.items() if workload in slower)
+    with tempfile.TemporaryDirectory(prefix="tvmsched-log-") as copy:
+        databases = [log.database(Path(copy) / str(index)) for index, log in enumerate(used)]
+        database = databases[0] if len(databases) == 1 else ms.database.OrderedUnionDatabase(*databases)
+        yield database, keep_default, used
 
 
 def database_key(module: tvm.IRModule) -> str:
