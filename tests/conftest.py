@@ -58,6 +58,34 @@ def tensor(name: str, shape, dtype=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, dtype, shape)
 
 
+def check_node(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: int,
+               weights: dict[str, np.ndarray] | None = None, rtol: float = 1e-4,
+               reference: bool = False) -> list[np.ndarray]:
+    """A one-node model compiled by tvmsched (llvm) gives onnxruntime's outputs (or, with `reference`, those
+    of onnx's reference evaluator, where onnxruntime departs from the spec); the graph's outputs are typed
+    and shaped by ONNX shape inference. Returns tvmsched's outputs."""
+    from onnx.reference import ReferenceEvaluator
+
+    import tvmsched
+
+    weights = weights or {}
+    graph = helper.make_graph(
+        [node], "test", [tensor(name, value.shape, helper.np_dtype_to_tensor_dtype(value.dtype))
+                         for name, value in inputs.items()],
+        [helper.make_value_info(name, onnx.TypeProto()) for name in node.output if name],
+        [numpy_helper.from_array(value, name) for name, value in weights.items()])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9))
+    onnx.checker.check_model(model)
+    actual = tvmsched.compile(model, target="llvm").run(inputs)
+    if reference:
+        expected = ReferenceEvaluator(model).run(None, inputs)
+    else:
+        expected = onnxruntime_outputs(model, inputs)
+    assert_matches(actual, expected, rtol)
+    return actual
+
+
 @pytest.fixture
 def branchy_model() -> onnx.ModelProto:
     """Two parallel conv branches, a concat, a split into a multi-output kernel, and an add."""

@@ -55,17 +55,26 @@ def import_model(proto: onnx.ModelProto, shapes: dict[str, list[int]], dtypes: d
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # TVM prints each failing node's inputs
             return importer.from_onnx(proto.graph, opset)
+    except UnsupportedOperator as error:  # a converter's refusal, which names the attribute and why
+        _end_open_blocks(importer.bb)
+        raise UnsupportedOperator(f"{_where(importer, proto)} (opset {opset}): {error}") from error
     except TvmschedError:
         raise
     except Exception as error:  # the importer raises TVMError, ValueError, AssertionError, KeyError, ...
         _end_open_blocks(importer.bb)
         text = str(error).strip()
         message = text.splitlines()[-1] if text else type(error).__name__
-        node = importer.node
-        where = "the graph" if node is None else describe_node(node, next(
-            (index for index, other in enumerate(proto.graph.node) if other == node), -1))
-        raise UnsupportedOperator(f"{where} (opset {opset}) cannot be imported: {message}; replace it in "
-                                  f"the exporter or decompose it into supported ops") from error
+        raise UnsupportedOperator(f"{_where(importer, proto)} (opset {opset}) cannot be imported: {message}; "
+                                  f"replace it in the exporter or decompose it into supported ops") from error
+
+
+def _where(importer: _Importer, proto: onnx.ModelProto) -> str:
+    """The node being converted when the import failed, as errors name it."""
+    node = importer.node
+    if node is None:
+        return "the graph"
+    index = next((index for index, other in enumerate(proto.graph.node) if other == node), -1)
+    return describe_node(node, index)
 
 
 def _end_open_blocks(builder: relax.BlockBuilder) -> None:

@@ -15,3 +15,6 @@ def register_converter(op_type: str):
         CONVERTERS[op_type] = cls
         return cls
     return register
+
+
+from tvmsched.converters import normalization  # noqa: E402,F401  (registers its converters)
