@@ -40,9 +40,11 @@ def string_attribute(attr: dict, name: str, default: str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def tensor_dtype(attr: dict, name: str, default: int) -> str:
-    """The numpy name of the ONNX element type an attribute names (`stash_type`, `softmax_precision`)."""
-    return np.dtype(helper.tensor_dtype_to_np_dtype(attr.get(name, default))).name
+def tensor_dtype(attr: dict, name: str, default: str) -> str:
+    """The dtype an attribute names by its ONNX element type (`stash_type`, `softmax_precision`)."""
+    if name not in attr:
+        return default
+    return np.dtype(helper.tensor_dtype_to_np_dtype(attr[name])).name
 
 
 def requested_outputs(attr: dict) -> int:

@@ -4,7 +4,6 @@ LpNormalization, MeanVarianceNormalization's epsilon."""
 
 from __future__ import annotations
 
-from onnx import TensorProto
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
@@ -41,7 +40,7 @@ class LayerNormalization(OnnxOpConverter):
         axis = normalize_axis(attr.get("axis", -1), len(shape))
         axes = list(range(axis, len(shape)))
         epsilon = attr.get("epsilon", 1e-5)
-        dtype, stash = dtype_of(data), tensor_dtype(attr, "stash_type", TensorProto.FLOAT)
+        dtype, stash = dtype_of(data), tensor_dtype(attr, "stash_type", "float32")
         if requested_outputs(attr) == 1 and stash == dtype:
             bias = constant(0, dtype) if bias is None else bias
             return relax.op.nn.layer_norm(data, _to_shape(bb, scale, shape[axis:]),
@@ -68,7 +67,7 @@ class RMSNormalization(OnnxOpConverter):
         data, scale = inputs[0], inputs[1]
         shape = shape_of(data)
         axis = normalize_axis(attr.get("axis", -1), len(shape))
-        dtype, stash = dtype_of(data), tensor_dtype(attr, "stash_type", TensorProto.FLOAT)
+        dtype, stash = dtype_of(data), tensor_dtype(attr, "stash_type", "float32")
         scale = cast(bb, _to_shape(bb, scale, shape[axis:]), stash)
         lead = 1 if axis == 0 else 0
         data = relax.op.reshape(data, (1, *shape)) if lead else data

@@ -1,0 +1,158 @@
+"""The attention ops of the default domain, which TVM's importer lacks (its "Attention" converts Microsoft's
+contrib op): Attention (opset 23+)."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+
+from tvmsched.converters import register_converter
+from tvmsched.converters.common import cast, constant, dtype_of, requested_outputs, shape_of, tensor_dtype
+from tvmsched.errors import UnsupportedOperator
+
+
+def split_heads(bb: relax.BlockBuilder, tensor: relax.Expr, heads: int) -> relax.Expr:
+    """(batch, sequence, heads * size) -> (batch, heads, sequence, size)."""
+    batch, length, hidden = shape_of(tensor)
+    if hidden % heads:
+        raise UnsupportedOperator(f"a hidden size of {hidden} does not split into {heads} heads; check the "
+                                  f"q_num_heads and kv_num_heads attributes")
+    return bb.emit(relax.op.permute_dims(relax.op.reshape(tensor, (batch, length, heads, hidden // heads)),
+                                         [0, 2, 1, 3]))
+
+
+def merge_heads(tensor: relax.Expr) -> relax.Expr:
+    """(batch, heads, sequence, size) -> (batch, sequence, heads * size)."""
+    batch, heads, length, size = shape_of(tensor)
+    return relax.op.reshape(relax.op.permute_dims(tensor, [0, 2, 1, 3]), (batch, length, heads * size))
+
+
+@register_converter("Attention")
+class Attention(OnnxOpConverter):
+    """softmax(Q K^T * scale [softcapped] + bias) V, the bias from attn_mask (boolean: -inf where False; or
+    added as is, its last axis padded with -inf to the keys), is_causal, left/right_window_size and
+    nonpad_kv_seqlen, with the causal frontier offset by the past keys or nonpad_kv_seqlen - q_len; a
+    query row whose bias is -inf everywhere gives zeros. Optional outputs: the present key and value (past
+    concatenated with K, V) and qk_matmul_output as qk_matmul_output_mode says (0: Q K^T scaled, as the
+    spec and its function body say, not softcapped as onnx's reference evaluator has it)."""
+
+    @classmethod
+    def _impl_v23(cls, bb, inputs, attr, params):
+        dtype, three_d = dtype_of(inputs[0]), len(shape_of(inputs[0])) == 3
+        # In the input's precision as the spec's function body (but for softmax_precision), half-precision
+        # products accumulated in float32.
+        accumulate = "float32" if dtype in ("float16", "bfloat16") else dtype
+        query, key, value, present, past_length = cls._heads(bb, inputs, attr)
+        batch, heads, query_length, head_size = shape_of(query)
+        root = constant(np.sqrt(attr.get("scale", 1 / np.sqrt(head_size))), dtype)
+        raw = bb.emit(cast(bb, relax.op.matmul(relax.op.multiply(query, root), relax.op.permute_dims(
+            relax.op.multiply(key, root), [0, 1, 3, 2]), out_dtype=accumulate), dtype))
+        scores = raw
+        if attr.get("softcap", 0.0) > 0:
+            cap = constant(attr["softcap"], dtype)
+            scores = bb.emit(relax.op.multiply(relax.op.tanh(relax.op.divide(scores, cap)), cap))
+        bias = cls._bias(bb, inputs[3], inputs[6], attr, dtype, (batch, query_length, shape_of(key)[2]),
+                         past_length)
+        biased = scores if bias is None else bb.emit(relax.op.add(scores, bias))
+        probabilities = cls._softmax(bb, biased, bias, tensor_dtype(attr, "softmax_precision", dtype), dtype)
+        output = bb.emit(cast(bb, relax.op.matmul(probabilities, value, out_dtype=accumulate), dtype))
+        outputs = [merge_heads(output) if three_d else output, *present]
+        if requested_outputs(attr) > 3:
+            mode = attr.get("qk_matmul_output_mode", 0)
+            if mode not in (0, 1, 2, 3):
+                raise UnsupportedOperator(f"qk_matmul_output_mode={mode}: the spec defines modes 0 to 3")
+            outputs.append(cast(bb, [raw, scores, biased, probabilities][mode], dtype))
+        return relax.Tuple(outputs) if requested_outputs(attr) > 1 else outputs[0]
+
+    @staticmethod
+    def _heads(bb: relax.BlockBuilder, inputs, attr: dict) -> tuple:
+        """Q, K and V as (batch, heads, sequence, size), K and V after the past ones and repeated for each
+        query head of their group; the present key and value; the past's length."""
+        query, key, value, past_key, past_value, nonpad = (inputs[index] for index in (0, 1, 2, 4, 5, 6))
+        if len(shape_of(query)) == 3:
+            if "q_num_heads" not in attr or "kv_num_heads" not in attr:
+                raise UnsupportedOperator("3D Q, K and V need the q_num_heads and kv_num_heads attributes")
+            query = split_heads(bb, query, attr["q_num_heads"])
+            key = split_heads(bb, key, attr["kv_num_heads"])
+            value = split_heads(bb, value, attr["kv_num_heads"])
+        if (past_key is None) != (past_value is None):
+            raise UnsupportedOperator("past_key and past_value must be given together")
+        if nonpad is not None and past_key is not None:
+            raise UnsupportedOperator("nonpad_kv_seqlen cannot be combined with past_key and past_value")
+        if past_key is not None:
+            key = bb.emit(relax.op.concat([past_key, key], axis=2))
+            value = bb.emit(relax.op.concat([past_value, value], axis=2))
+        present = [key, value]
+        heads, key_heads = shape_of(query)[1], shape_of(key)[1]
+        if heads != key_heads:
+            if heads % key_heads:
+                raise UnsupportedOperator(f"{heads} query heads are not a multiple of {key_heads} key heads")
+            key = relax.op.repeat(key, heads // key_heads, axis=1)
+            value = relax.op.repeat(value, heads // key_heads, axis=1)
+        return query, key, value, present, 0 if past_key is None else shape_of(past_key)[2]
+
+    @staticmethod
+    def _softmax(bb: relax.BlockBuilder, biased: relax.Expr, bias: relax.Expr | None, precision: str,
+                 dtype: str) -> relax.Expr:
+        """softmax in `precision` over the keys, 0 in a row whose bias is -inf everywhere (softmax makes it
+        NaN), cast to `dtype`."""
+        biased = cast(bb, biased, precision)
+        if precision == "float16":  # its sum in float32, as numpy's and onnxruntime's (topi's is in float16)
+            shifted = relax.op.subtract(biased, relax.op.max(biased, axis=-1, keepdims=True))
+            exponentials = bb.emit(relax.op.exp(shifted))
+            total = relax.op.sum(relax.op.astype(exponentials, "float32"), axis=-1, keepdims=True)
+            probabilities = relax.op.divide(exponentials, relax.op.astype(total, precision))
+        else:
+            probabilities = relax.op.nn.softmax(biased, axis=-1)
+        if bias is not None:
+            # Counted, since Relax's max starts from the lowest finite value, not -inf.
+            allowed = relax.op.astype(relax.op.greater(bias, constant(-np.inf, dtype_of(bias))), "int32")
+            masked = relax.op.equal(relax.op.sum(allowed, axis=-1, keepdims=True), constant(0, "int32"))
+            probabilities = relax.op.where(masked, constant(0, precision), probabilities)
+        return bb.emit(cast(bb, probabilities, dtype))
+
+    @staticmethod
+    def _bias(bb: relax.BlockBuilder, mask: relax.Expr | None, nonpad: relax.Expr | None, attr: dict,
+              dtype: str, shape: tuple[int, int, int], past_length: int) -> relax.Expr | None:
+        """What is added to the scores (broadcast to (batch, heads, q_len, kv_len)), or None."""
+        batch, query_length, key_length = shape
+        minus_infinity, zero = constant(-np.inf, dtype), constant(0, dtype)
+        parts = []
+        if mask is not None:
+            if dtype_of(mask) == "bool":
+                mask = relax.op.where(mask, zero, minus_infinity)
+            mask = bb.normalize(cast(bb, mask, dtype))
+            short = key_length - shape_of(mask)[-1]
+            if short > 0:
+                padding = constant(np.full((*shape_of(mask)[:-1], short), -np.inf), dtype)
+                mask = relax.op.concat([mask, padding], axis=-1)
+            parts.append(mask)
+        left, right = attr.get("left_window_size", -1), attr.get("right_window_size", -1)
+        if attr.get("is_causal", 0) or left >= 0 or right >= 0 or nonpad is not None:
+            # The absolute position of query i is i + offset; key j is allowed where
+            # j <= position (causal), position - left <= j <= position + right, and j < nonpad_kv_seqlen.
+            rows = constant(np.arange(query_length).reshape(query_length, 1), "int64")
+            keys = constant(np.arange(key_length), "int64")
+            if nonpad is None:
+                offset = constant(past_length, "int64")
+            else:
+                nonpad = bb.normalize(relax.op.reshape(cast(bb, nonpad, "int64"), (batch, 1, 1, 1)))
+                offset = relax.op.subtract(nonpad, constant(query_length, "int64"))
+            distance = bb.emit(relax.op.subtract(relax.op.add(rows, offset), keys))  # position - j
+            conditions = []
+            if attr.get("is_causal", 0):
+                conditions.append(relax.op.greater_equal(distance, constant(0, "int64")))
+            if left >= 0:
+                conditions.append(relax.op.less_equal(distance, constant(left, "int64")))
+            if right >= 0:
+                conditions.append(relax.op.greater_equal(distance, constant(-right, "int64")))
+            if nonpad is not None:
+                conditions.append(relax.op.less(keys, nonpad))
+            allowed = conditions[0]
+            for condition in conditions[1:]:
+                allowed = relax.op.logical_and(allowed, condition)
+            parts.append(relax.op.where(allowed, zero, minus_infinity))
+        if not parts:
+            return None
+        return bb.emit(parts[0] if len(parts) == 1 else relax.op.add(parts[0], parts[1]))
