@@ -77,3 +77,25 @@ def test_attention_3d_without_head_counts_is_refused():
     with pytest.raises(UnsupportedOperator, match=r"node 'attention' \(Attention\) \(opset 23\): 3D Q, K "
                                                   r"and V need the q_num_heads and kv_num_heads attributes"):
         tvmsched.compile(model, target="llvm")
+
+
+@pytest.mark.parametrize("interleaved, rotated, positions", [(0, 0, True), (1, 4, True), (1, 0, False),
+                                                             (0, 4, False)])
+def test_rotary_embedding(interleaved, rotated, positions):
+    """Halves or interleaved pairs, of all or the first `rotated` features, with caches indexed by position
+    ids or given per batch and position."""
+    names = ["x", "cos", "sin", "positions"][:4 if positions else 3]
+    node = helper.make_node("RotaryEmbedding", names, ["y"], interleaved=interleaved,
+                            rotary_embedding_dim=rotated)
+    half = (rotated or 8) // 2
+    cache_shape = (10, half) if positions else (2, 3, half)
+    inputs = {"x": uniform(2, 4, 3, 8), "cos": uniform(*cache_shape), "sin": uniform(*cache_shape)}
+    if positions:
+        inputs["positions"] = RNG.integers(0, 10, (2, 3)).astype("int64")
+    check_node(node, inputs, 23)
+
+
+def test_rotary_embedding_3d():
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "positions"], ["y"], num_heads=4)
+    check_node(node, {"x": uniform(2, 3, 32), "cos": uniform(10, 4), "sin": uniform(10, 4),
+                      "positions": RNG.integers(0, 10, (2, 3)).astype("int64")}, 23)

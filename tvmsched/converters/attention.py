@@ -1,5 +1,5 @@
 """The attention ops of the default domain, which TVM's importer lacks (its "Attention" converts Microsoft's
-contrib op): Attention (opset 23+)."""
+contrib op): Attention (opset 23+) and RotaryEmbedding."""
 
 from __future__ import annotations
 
@@ -156,3 +156,41 @@ class Attention(OnnxOpConverter):
         if not parts:
             return None
         return bb.emit(parts[0] if len(parts) == 1 else relax.op.add(parts[0], parts[1]))
+
+
+@register_converter("RotaryEmbedding")
+class RotaryEmbedding(OnnxOpConverter):
+    """Rotates the first `rotary_embedding_dim` features of each head (all where 0) by the angles whose
+    cos and sin the caches hold (indexed by position_ids, else one per batch and position), pairing
+    feature i with i + dim/2, or 2i with 2i + 1 where `interleaved`; the rest pass through."""
+
+    @classmethod
+    def _impl_v23(cls, bb, inputs, attr, params):
+        data, cos, sin, positions = inputs[0], inputs[1], inputs[2], inputs[3]
+        three_d = len(shape_of(data)) == 3
+        if three_d:
+            if not attr.get("num_heads"):
+                raise UnsupportedOperator("a 3D input needs the num_heads attribute")
+            data = split_heads(bb, data, attr["num_heads"])
+        batch, heads, length, head_size = shape_of(data)
+        rotated = attr.get("rotary_embedding_dim", 0) or head_size
+        if positions is not None:
+            cos = relax.op.take(cos, positions, axis=0, mode="clip")
+            sin = relax.op.take(sin, positions, axis=0, mode="clip")
+        # (batch, sequence, rotated / 2) against (batch, heads, sequence, rotated / 2)
+        cos, sin = (bb.emit(relax.op.expand_dims(cache, 1)) for cache in (cos, sin))
+        interleaved = attr.get("interleaved", 0)
+        starts, stride, end = ((0, 1), 2, rotated) if interleaved else ((0, rotated // 2), 1, rotated // 2)
+        first, second = (bb.emit(relax.op.strided_slice(data, [3], [start], [start + end], [stride]))
+                         for start in starts)
+        real = relax.op.subtract(relax.op.multiply(cos, first), relax.op.multiply(sin, second))
+        imaginary = relax.op.add(relax.op.multiply(sin, first), relax.op.multiply(cos, second))
+        if interleaved:
+            pairs = relax.op.stack([real, imaginary], axis=-1)
+            output = relax.op.reshape(pairs, (batch, heads, length, rotated))
+        else:
+            output = relax.op.concat([real, imaginary], axis=-1)
+        if rotated < head_size:
+            unrotated = relax.op.strided_slice(data, [3], [rotated], [head_size])
+            output = relax.op.concat([output, unrotated], axis=-1)
+        return merge_heads(bb.emit(output)) if three_d else output
