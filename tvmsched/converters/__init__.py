@@ -17,4 +17,4 @@ def register_converter(op_type: str):
     return register
 
 
-from tvmsched.converters import attention, loss, normalization  # noqa: E402,F401  (they register their converters)
+from tvmsched.converters import attention, loss, normalization, recurrent  # noqa: E402,F401  (registering)

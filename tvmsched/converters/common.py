@@ -24,8 +24,9 @@ def constant(value, dtype: str) -> relax.Constant:
 
 
 def cast(bb: relax.BlockBuilder, expr: relax.Expr, dtype: str) -> relax.Expr:
+    """`expr` as `dtype`, typed."""
     expr = bb.normalize(expr)
-    return expr if dtype_of(expr) == dtype else relax.op.astype(expr, dtype)
+    return expr if dtype_of(expr) == dtype else bb.normalize(relax.op.astype(expr, dtype))
 
 
 def normalize_axis(axis: int, rank: int, name: str = "axis") -> int:

@@ -1,0 +1,124 @@
+"""The stateful ops of linear-attention and state-space models (Gated DeltaNet, Mamba), which TVM's importer
+lacks: CausalConvWithState and LinearAttention, each also outputting the state that the next step takes."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+
+from tvmsched.converters import register_converter
+from tvmsched.converters.attention import merge_heads, split_heads
+from tvmsched.converters.common import cast, constant, dtype_of, shape_of, string_attribute
+from tvmsched.errors import UnsupportedOperator
+
+# LinearAttention's recurrence is unrolled, a few ops per time step: longer sequences would make graphs
+# (and compile times) that grow without bound.
+MAX_UNROLLED_STEPS = 64
+
+
+@register_converter("CausalConvWithState")
+class CausalConvWithState(OnnxOpConverter):
+    """A depthwise 1D convolution over the past state (zeros if none) followed by the input, optionally
+    SiLU-activated; the present state is the last k - 1 positions of that sequence."""
+
+    @classmethod
+    def _impl_v27(cls, bb, inputs, attr, params):
+        data, weight, bias, past = inputs[0], inputs[1], inputs[2], inputs[3]
+        activation = string_attribute(attr, "activation", "none")
+        if activation not in ("none", "silu", "swish"):
+            raise UnsupportedOperator(f"activation='{activation}': the spec defines 'none', 'silu' and "
+                                      f"'swish' only")
+        batch, channels, length = shape_of(data)
+        kernel = shape_of(weight)[2]
+        if past is None:
+            past = constant(np.zeros((batch, channels, kernel - 1)), dtype_of(data))
+        sequence = bb.emit(relax.op.concat([past, data], axis=2))
+        dtype = dtype_of(data)
+        accumulate = "float32" if dtype in ("float16", "bfloat16") else dtype
+        output = relax.op.nn.conv1d(sequence, weight, groups=channels, out_dtype=accumulate)
+        if bias is not None:
+            output = relax.op.add(output, relax.op.reshape(cast(bb, bias, accumulate), (channels, 1)))
+        output = bb.emit(cast(bb, output, dtype))
+        if activation != "none":  # in float32, as the spec's function body
+            output = bb.emit(cast(bb, output, "float32"))
+            output = cast(bb, relax.op.multiply(output, relax.op.sigmoid(output)), dtype)
+        present = relax.op.strided_slice(sequence, [2], [length], [length + kernel - 1])
+        return relax.Tuple([output, present])
+
+
+@register_converter("LinearAttention")
+class LinearAttention(OnnxOpConverter):
+    """The recurrence of `update_rule` run step by step (unrolled, at most MAX_UNROLLED_STEPS) in float32
+    over a state per key head (past_state, else zeros): decayed by exp(decay) ('gated', 'gated_delta'), the
+    value corrected to beta * (v - S^T k) ('delta', 'gated_delta'), k v^T added; each query head reads its
+    group's state, scaled. Outputs the (B, T, H_q * d_v) output and the present state."""
+
+    RULES = ("linear", "gated", "delta", "gated_delta")
+
+    @classmethod
+    def _impl_v27(cls, bb, inputs, attr, params):
+        query, key, value, past, decay, beta = (inputs[index] for index in range(6))
+        gated, delta = cls._rule(attr, decay, beta)
+        heads, key_heads = attr.get("q_num_heads", 0), attr.get("kv_num_heads", 0)
+        if not heads or not key_heads or heads % key_heads:
+            raise UnsupportedOperator(f"q_num_heads={heads} must be a positive multiple of "
+                                      f"kv_num_heads={key_heads} (both are required)")
+        dtype, state_dtype = dtype_of(query), dtype_of(query if past is None else past)
+        batch, steps, _ = shape_of(query)
+        if steps > MAX_UNROLLED_STEPS:
+            raise UnsupportedOperator(f"a sequence of {steps} steps: tvmsched unrolls the recurrence, at "
+                                      f"most {MAX_UNROLLED_STEPS} steps; run the prefill in chunks")
+        query, key, value = (cast(bb, split_heads(bb, tensor, count), "float32")
+                             for tensor, count in ((query, heads), (key, key_heads), (value, key_heads)))
+        key_size, value_size = shape_of(key)[3], shape_of(value)[3]
+        gates = cls._per_head(bb, decay, key_heads, (key_heads * key_size, key_heads), "decay") if gated \
+            else None
+        rates = cls._per_head(bb, beta, key_heads, (key_heads, 1), "beta") if delta else None
+        state = cast(bb, past, "float32") if past is not None else \
+            constant(np.zeros((batch, key_heads, key_size, value_size)), "float32")
+        scale = constant(attr.get("scale", 0.0) or 1 / np.sqrt(key_size), "float32")
+        outputs = []
+        for step in range(steps):
+            key_step, value_step = bb.emit(_at(key, step)), _at(value, step)
+            if gated:  # exp(g) of (B, H, 1, d_k or 1) scales the state's rows
+                state = relax.op.multiply(state, relax.op.permute_dims(relax.op.exp(_at(gates, step)),
+                                                                       [0, 1, 3, 2]))
+            state = bb.emit(state)
+            if delta:
+                value_step = relax.op.multiply(_at(rates, step), relax.op.subtract(
+                    value_step, relax.op.matmul(key_step, state)))
+            state = bb.emit(relax.op.add(state, relax.op.matmul(
+                relax.op.permute_dims(key_step, [0, 1, 3, 2]), value_step)))
+            shared = state if heads == key_heads else relax.op.repeat(state, heads // key_heads, axis=1)
+            outputs.append(relax.op.multiply(relax.op.matmul(_at(query, step), shared), scale))
+        output = bb.emit(relax.op.concat(outputs, axis=2))
+        return relax.Tuple([cast(bb, merge_heads(output), dtype), cast(bb, state, state_dtype)])
+
+    @classmethod
+    def _rule(cls, attr: dict, decay: relax.Expr | None, beta: relax.Expr | None) -> tuple[bool, bool]:
+        """Whether `update_rule` gates (decays the state) and whether it corrects by the delta rule."""
+        rule = string_attribute(attr, "update_rule", "gated_delta")
+        if rule not in cls.RULES:
+            raise UnsupportedOperator(f"update_rule='{rule}': the spec defines {', '.join(cls.RULES)} only")
+        gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+        if gated != (decay is not None) or delta != (beta is not None):
+            raise UnsupportedOperator(f"update_rule='{rule}' takes {'a' if gated else 'no'} decay input and "
+                                      f"{'a' if delta else 'no'} beta input")
+        return gated, delta
+
+    @staticmethod
+    def _per_head(bb: relax.BlockBuilder, tensor: relax.Expr, key_heads: int, widths: tuple[int, int],
+                  name: str) -> relax.Expr:
+        """A (B, T, width) input as (B, H, T, width / H) in float32, for the widths the spec allows (H
+        heads of d_k or 1 values for decay; H heads or 1 shared value for beta)."""
+        width = shape_of(tensor)[2]
+        if width not in widths:
+            raise UnsupportedOperator(f"{name} has a last dimension of {width}; the spec allows "
+                                      f"{' or '.join(map(str, widths))} here")
+        return cast(bb, split_heads(bb, tensor, key_heads if width != 1 else 1), "float32")
+
+
+def _at(tensor: relax.Expr, step: int) -> relax.Expr:
+    """(B, H, T, n) -> (B, H, 1, n) at time `step`."""
+    return relax.op.strided_slice(tensor, [2], [step], [step + 1])
