@@ -71,6 +71,14 @@ def test_attention_float16():
                       "v": uniform(2, 2, 6, 8, dtype="float16")}, 23, rtol=5e-3)
 
 
+def test_attention_4d_with_contradicting_head_count_is_refused():
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=4, kv_num_heads=2)
+    inputs = [tensor(name, [1, 2, 3, 8]) for name in "qkv"]
+    model = make_model([node], inputs, [tensor("y", [1, 2, 3, 8])], {}, 23)
+    with pytest.raises(UnsupportedOperator, match="q_num_heads=4 contradicts the 2 heads"):
+        tvmsched.compile(model, target="llvm")
+
+
 def test_attention_3d_without_head_counts_is_refused():
     node = helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attention")
     model = make_model([node], [tensor(name, [1, 2, 8]) for name in "qkv"], [tensor("y", [1, 2, 8])], {}, 23)

@@ -76,6 +76,11 @@ class Attention(OnnxOpConverter):
             query = split_heads(bb, query, attr["q_num_heads"])
             key = split_heads(bb, key, attr["kv_num_heads"])
             value = split_heads(bb, value, attr["kv_num_heads"])
+        for name, tensor in (("q_num_heads", query), ("kv_num_heads", key)):
+            count = shape_of(tensor)[1]
+            if attr.get(name, count) != count:
+                raise UnsupportedOperator(f"{name}={attr[name]} contradicts the {count} heads of the 4D "
+                                          f"inputs; leave it out")
         if (past_key is None) != (past_value is None):
             raise UnsupportedOperator("past_key and past_value must be given together")
         if nonpad is not None and past_key is not None:
