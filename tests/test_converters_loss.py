@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
-from conftest import check_node, make_model, tensor
+from conftest import make_model, tensor
 from onnx import TensorProto, helper
+from single_node import check_node
 
 import tvmsched
 from tvmsched.errors import UnsupportedOperator

@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
-from conftest import check_node, make_model, tensor
+from conftest import make_model, tensor
 from onnx import helper
+from single_node import check_node
 
 import tvmsched
 from tvmsched.errors import UnsupportedOperator
@@ -33,7 +34,7 @@ def test_layer_normalization(axis, outputs, bias):
 def test_layer_normalization_float16_stashes_float32():
     node = helper.make_node("LayerNormalization", ["x", "w", "b"], ["y", "mean"], axis=-1)
     check_node(node, {"x": normal(2, 4, 8, dtype="float16"), "w": normal(8, dtype="float16"),
-                      "b": normal(8, dtype="float16")}, 17, rtol=2e-3)
+                      "b": normal(8, dtype="float16")}, 17, rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("axis", [0, -1])
@@ -65,7 +66,7 @@ def test_batch_normalization_training_before_opset_14_is_refused():
     outputs = [tensor("y", [2, 3, 4]), *(tensor(name, [3]) for name in node.output[1:])]
     model = make_model([node], [tensor("x", [2, 3, 4])], outputs, weights, opset=9)
     with pytest.raises(UnsupportedOperator, match=r"node 'bn' \(BatchNormalization\) \(opset 9\): running "
-                                                  r"statistics are asked for .training mode."):
+                                                  r"statistics \(training mode\) is not supported"):
         tvmsched.compile(model, target="llvm")
 
 
@@ -87,5 +88,5 @@ def test_mean_variance_normalization_of_a_constant_channel_is_zero():
     """As the spec's function body (std + 1e-9) computes it; onnxruntime gives NaN there."""
     x = normal(2, 3, 4, 4)
     x[:, 1] = 5.0
-    check_node(helper.make_node("MeanVarianceNormalization", ["x"], ["y"]), {"x": x}, 9, reference=True)
+    check_node(helper.make_node("MeanVarianceNormalization", ["x"], ["y"]), {"x": x}, 9, reference="onnx")
     check_node(helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[1]), {"x": x}, 9)

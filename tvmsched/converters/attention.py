@@ -8,23 +8,30 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from tvmsched.converters import register_converter
-from tvmsched.converters.common import cast, constant, dtype_of, requested_outputs, shape_of, tensor_dtype
-from tvmsched.errors import UnsupportedOperator
+from tvmsched.converters.common import (
+    cast,
+    constant,
+    dtype_of,
+    onnx_dtype,
+    refuse,
+    requested_outputs,
+    static_shape,
+)
 
 
 def split_heads(bb: relax.BlockBuilder, tensor: relax.Expr, heads: int) -> relax.Expr:
     """(batch, sequence, heads * size) -> (batch, heads, sequence, size)."""
-    batch, length, hidden = shape_of(tensor)
+    batch, length, hidden = static_shape(tensor)
     if hidden % heads:
-        raise UnsupportedOperator(f"a hidden size of {hidden} does not split into {heads} heads; check the "
-                                  f"q_num_heads and kv_num_heads attributes")
+        raise refuse(f"a hidden size of {hidden}", f"it does not split into {heads} heads; check the "
+                                                    f"q_num_heads and kv_num_heads attributes")
     return bb.emit(relax.op.permute_dims(relax.op.reshape(tensor, (batch, length, heads, hidden // heads)),
                                          [0, 2, 1, 3]))
 
 
 def merge_heads(tensor: relax.Expr) -> relax.Expr:
     """(batch, heads, sequence, size) -> (batch, sequence, heads * size)."""
-    batch, heads, length, size = shape_of(tensor)
+    batch, heads, length, size = static_shape(tensor)
     return relax.op.reshape(relax.op.permute_dims(tensor, [0, 2, 1, 3]), (batch, length, heads * size))
 
 
@@ -39,12 +46,12 @@ class Attention(OnnxOpConverter):
 
     @classmethod
     def _impl_v23(cls, bb, inputs, attr, params):
-        dtype, three_d = dtype_of(inputs[0]), len(shape_of(inputs[0])) == 3
+        dtype, three_d = dtype_of(inputs[0]), len(static_shape(inputs[0])) == 3
         # In the input's precision as the spec's function body (but for softmax_precision), half-precision
         # products accumulated in float32.
         accumulate = "float32" if dtype in ("float16", "bfloat16") else dtype
         query, key, value, present, past_length = cls._heads(bb, inputs, attr)
-        batch, heads, query_length, head_size = shape_of(query)
+        batch, heads, query_length, head_size = static_shape(query)
         root = constant(np.sqrt(attr.get("scale", 1 / np.sqrt(head_size))), dtype)
         raw = bb.emit(cast(bb, relax.op.matmul(relax.op.multiply(query, root), relax.op.permute_dims(
             relax.op.multiply(key, root), [0, 1, 3, 2]), out_dtype=accumulate), dtype))
@@ -52,16 +59,17 @@ class Attention(OnnxOpConverter):
         if attr.get("softcap", 0.0) > 0:
             cap = constant(attr["softcap"], dtype)
             scores = bb.emit(relax.op.multiply(relax.op.tanh(relax.op.divide(scores, cap)), cap))
-        bias = cls._bias(bb, inputs[3], inputs[6], attr, dtype, (batch, query_length, shape_of(key)[2]),
+        bias = cls._bias(bb, inputs[3], inputs[6], attr, dtype, (batch, query_length, static_shape(key)[2]),
                          past_length)
         biased = scores if bias is None else bb.emit(relax.op.add(scores, bias))
-        probabilities = cls._softmax(bb, biased, bias, tensor_dtype(attr, "softmax_precision", dtype), dtype)
+        precision = onnx_dtype(attr["softmax_precision"]) if "softmax_precision" in attr else dtype
+        probabilities = cls._softmax(bb, biased, bias, precision, dtype)
         output = bb.emit(cast(bb, relax.op.matmul(probabilities, value, out_dtype=accumulate), dtype))
         outputs = [merge_heads(output) if three_d else output, *present]
         if requested_outputs(attr) > 3:
             mode = attr.get("qk_matmul_output_mode", 0)
             if mode not in (0, 1, 2, 3):
-                raise UnsupportedOperator(f"qk_matmul_output_mode={mode}: the spec defines modes 0 to 3")
+                raise refuse(f"qk_matmul_output_mode={mode}", "the spec defines modes 0 to 3")
             outputs.append(cast(bb, [raw, scores, biased, probabilities][mode], dtype))
         return relax.Tuple(outputs) if requested_outputs(attr) > 1 else outputs[0]
 
@@ -70,32 +78,34 @@ class Attention(OnnxOpConverter):
         """Q, K and V as (batch, heads, sequence, size), K and V after the past ones and repeated for each
         query head of their group; the present key and value; the past's length."""
         query, key, value, past_key, past_value, nonpad = (inputs[index] for index in (0, 1, 2, 4, 5, 6))
-        if len(shape_of(query)) == 3:
+        if len(static_shape(query)) == 3:
             if "q_num_heads" not in attr or "kv_num_heads" not in attr:
-                raise UnsupportedOperator("3D Q, K and V need the q_num_heads and kv_num_heads attributes")
+                raise refuse("3D Q, K and V without q_num_heads and kv_num_heads",
+                             "their heads cannot be told apart; add both attributes")
             query = split_heads(bb, query, attr["q_num_heads"])
             key = split_heads(bb, key, attr["kv_num_heads"])
             value = split_heads(bb, value, attr["kv_num_heads"])
         for name, tensor in (("q_num_heads", query), ("kv_num_heads", key)):
-            count = shape_of(tensor)[1]
+            count = static_shape(tensor)[1]
             if attr.get(name, count) != count:
-                raise UnsupportedOperator(f"{name}={attr[name]} contradicts the {count} heads of the 4D "
-                                          f"inputs; leave it out")
+                raise refuse(f"{name}={attr[name]}", f"it contradicts the {count} heads of the 4D inputs; "
+                                                     f"leave it out")
         if (past_key is None) != (past_value is None):
-            raise UnsupportedOperator("past_key and past_value must be given together")
+            raise refuse("past_key without past_value (or the reverse)", "the spec requires both")
         if nonpad is not None and past_key is not None:
-            raise UnsupportedOperator("nonpad_kv_seqlen cannot be combined with past_key and past_value")
+            raise refuse("nonpad_kv_seqlen with past_key and past_value", "the spec forbids combining them")
         if past_key is not None:
             key = bb.emit(relax.op.concat([past_key, key], axis=2))
             value = bb.emit(relax.op.concat([past_value, value], axis=2))
         present = [key, value]
-        heads, key_heads = shape_of(query)[1], shape_of(key)[1]
+        heads, key_heads = static_shape(query)[1], static_shape(key)[1]
         if heads != key_heads:
             if heads % key_heads:
-                raise UnsupportedOperator(f"{heads} query heads are not a multiple of {key_heads} key heads")
+                raise refuse(f"{heads} query heads over {key_heads} key heads",
+                             "the query heads must be a multiple of the key heads")
             key = relax.op.repeat(key, heads // key_heads, axis=1)
             value = relax.op.repeat(value, heads // key_heads, axis=1)
-        return query, key, value, present, 0 if past_key is None else shape_of(past_key)[2]
+        return query, key, value, present, 0 if past_key is None else static_shape(past_key)[2]
 
     @staticmethod
     def _softmax(bb: relax.BlockBuilder, biased: relax.Expr, bias: relax.Expr | None, precision: str,
@@ -128,9 +138,9 @@ class Attention(OnnxOpConverter):
             if dtype_of(mask) == "bool":
                 mask = relax.op.where(mask, zero, minus_infinity)
             mask = bb.normalize(cast(bb, mask, dtype))
-            short = key_length - shape_of(mask)[-1]
+            short = key_length - static_shape(mask)[-1]
             if short > 0:
-                padding = constant(np.full((*shape_of(mask)[:-1], short), -np.inf), dtype)
+                padding = constant(np.full((*static_shape(mask)[:-1], short), -np.inf), dtype)
                 mask = relax.op.concat([mask, padding], axis=-1)
             parts.append(mask)
         left, right = attr.get("left_window_size", -1), attr.get("right_window_size", -1)
@@ -172,12 +182,13 @@ class RotaryEmbedding(OnnxOpConverter):
     @classmethod
     def _impl_v23(cls, bb, inputs, attr, params):
         data, cos, sin, positions = inputs[0], inputs[1], inputs[2], inputs[3]
-        three_d = len(shape_of(data)) == 3
+        three_d = len(static_shape(data)) == 3
         if three_d:
             if not attr.get("num_heads"):
-                raise UnsupportedOperator("a 3D input needs the num_heads attribute")
+                raise refuse("a 3D input without num_heads", "its heads cannot be told apart; add the "
+                                                                "attribute")
             data = split_heads(bb, data, attr["num_heads"])
-        batch, heads, length, head_size = shape_of(data)
+        batch, heads, length, head_size = static_shape(data)
         rotated = attr.get("rotary_embedding_dim", 0) or head_size
         if positions is not None:
             cos = relax.op.take(cos, positions, axis=0, mode="clip")

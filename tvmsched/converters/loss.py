@@ -7,17 +7,16 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from tvmsched.converters import register_converter
-from tvmsched.converters.common import constant, dtype_of, string_attribute
-from tvmsched.errors import UnsupportedOperator
+from tvmsched.converters.common import constant, dtype_of, refuse, text_attribute
 
 
 def negative_log_likelihood(bb: relax.BlockBuilder, log_prob: relax.Expr, target: relax.Expr,
                             weight: relax.Expr | None, attr: dict) -> relax.Expr:
     """-log_prob[n, target[n, d...], d...] weighted by weight[target], 0 where target is `ignore_index`,
     reduced as `reduction` says ('mean' divides by the sum of the weights taken)."""
-    reduction = string_attribute(attr, "reduction", "mean")
+    reduction = text_attribute(attr, "reduction", "mean")
     if reduction not in ("none", "sum", "mean"):
-        raise UnsupportedOperator(f"reduction='{reduction}': the spec defines 'none', 'sum' and 'mean' only")
+        raise refuse(f"reduction='{reduction}'", "the spec defines 'none', 'sum' and 'mean' only")
     dtype = dtype_of(log_prob)
     ignored = None
     if "ignore_index" in attr:

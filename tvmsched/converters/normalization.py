@@ -4,6 +4,7 @@ LpNormalization, MeanVarianceNormalization's epsilon."""
 
 from __future__ import annotations
 
+from onnx import TensorProto
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
@@ -14,17 +15,20 @@ from tvmsched.converters.common import (
     constant,
     dtype_of,
     normalize_axis,
+    onnx_dtype,
+    refuse,
     requested_outputs,
-    shape_of,
-    tensor_dtype,
+    static_shape,
 )
-from tvmsched.errors import UnsupportedOperator
+
+TRAINING_BEFORE_OPSET_14 = ("tvmsched converts training mode from opset 14 only; export the model in eval "
+                            "mode or at opset 14 or later")
 
 
 def _to_shape(bb: relax.BlockBuilder, expr: relax.Expr, shape: tuple[int, ...]) -> relax.Expr:
     """`expr` broadcast to `shape`: Relax's fused norms take weights of exactly the normalized shape, ONNX
     weights need only broadcast to it."""
-    return expr if shape_of(expr) == shape else bb.normalize(relax.op.broadcast_to(expr, shape))
+    return expr if static_shape(expr) == shape else bb.normalize(relax.op.broadcast_to(expr, shape))
 
 
 @register_converter("LayerNormalization")
@@ -36,11 +40,11 @@ class LayerNormalization(OnnxOpConverter):
     @classmethod
     def _impl_v17(cls, bb, inputs, attr, params):
         data, scale, bias = inputs[0], inputs[1], inputs[2]
-        shape = shape_of(data)
+        shape = static_shape(data)
         axis = normalize_axis(attr.get("axis", -1), len(shape))
         axes = list(range(axis, len(shape)))
         epsilon = attr.get("epsilon", 1e-5)
-        dtype, stash = dtype_of(data), tensor_dtype(attr, "stash_type", "float32")
+        dtype, stash = dtype_of(data), onnx_dtype(attr.get("stash_type", TensorProto.FLOAT))
         if requested_outputs(attr) == 1 and stash == dtype:
             bias = constant(0, dtype) if bias is None else bias
             return relax.op.nn.layer_norm(data, _to_shape(bb, scale, shape[axis:]),
@@ -65,9 +69,9 @@ class RMSNormalization(OnnxOpConverter):
     @classmethod
     def _impl_v23(cls, bb, inputs, attr, params):
         data, scale = inputs[0], inputs[1]
-        shape = shape_of(data)
+        shape = static_shape(data)
         axis = normalize_axis(attr.get("axis", -1), len(shape))
-        dtype, stash = dtype_of(data), tensor_dtype(attr, "stash_type", "float32")
+        dtype, stash = dtype_of(data), onnx_dtype(attr.get("stash_type", TensorProto.FLOAT))
         scale = cast(bb, _to_shape(bb, scale, shape[axis:]), stash)
         lead = 1 if axis == 0 else 0
         data = relax.op.reshape(data, (1, *shape)) if lead else data
@@ -87,19 +91,16 @@ class BatchNormalization(onnx_frontend.BatchNormalization):
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
         if not attr.get("is_test", 0):
-            raise UnsupportedOperator("is_test=0 asks for training mode, which tvmsched converts from opset "
-                                      "14 only; export the model in eval mode or at opset 14 or later")
+            raise refuse("is_test=0 (training mode)", TRAINING_BEFORE_OPSET_14)
         return cls._impl_v7(bb, inputs, attr, params)
 
     @classmethod
     def _impl_v7(cls, bb, inputs, attr, params):
         if attr.get("spatial", 1) != 1:
-            raise UnsupportedOperator("spatial=0 (statistics per activation, not per channel) is not "
-                                      "supported; export the model at opset 9 or later")
+            raise refuse("spatial=0 (statistics per activation, not per channel)",
+                         "export the model at opset 9 or later")
         if requested_outputs(attr) > 1:
-            raise UnsupportedOperator("running statistics are asked for (training mode), which tvmsched "
-                                      "converts from opset 14 only; export the model in eval mode or at "
-                                      "opset 14 or later")
+            raise refuse("running statistics (training mode)", TRAINING_BEFORE_OPSET_14)
         return super()._impl_v15(bb, inputs, attr, params)
 
     @classmethod
@@ -107,7 +108,7 @@ class BatchNormalization(onnx_frontend.BatchNormalization):
         if not attr.get("training_mode", 0):
             return super()._impl_v15(bb, inputs, attr, params)
         data, scale, bias, running_mean, running_var = inputs[:5]
-        shape, dtype = shape_of(data), dtype_of(data)
+        shape, dtype = static_shape(data), dtype_of(data)
         compute = "float32" if dtype in ("float16", "bfloat16") else dtype
         axes = [0, *range(2, len(shape))]
         data = cast(bb, data, compute)
@@ -140,14 +141,14 @@ class LpNormalization(OnnxOpConverter):
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
         data = bb.normalize(inputs[0])
-        axis = normalize_axis(attr.get("axis", -1), len(shape_of(data)))
+        axis = normalize_axis(attr.get("axis", -1), len(static_shape(data)))
         power = attr.get("p", 2)
         if power == 1:
             norm = relax.op.sum(relax.op.abs(data), [axis], keepdims=True)
         elif power == 2:
             norm = relax.op.sqrt(relax.op.sum(relax.op.multiply(data, data), [axis], keepdims=True))
         else:
-            raise UnsupportedOperator(f"p={power}: the ONNX spec defines LpNormalization for p 1 and 2 only")
+            raise refuse(f"p={power}", "the spec defines LpNormalization for p 1 and 2 only")
         norm = bb.emit(norm)
         zero = constant(0, dtype_of(data))
         return relax.op.where(relax.op.equal(norm, zero), zero, relax.op.divide(data, norm))
@@ -161,7 +162,7 @@ class MeanVarianceNormalization(OnnxOpConverter):
     @classmethod
     def _impl_v9(cls, bb, inputs, attr, params):
         data = inputs[0]
-        dtype, rank = dtype_of(data), len(shape_of(data))
+        dtype, rank = dtype_of(data), len(static_shape(data))
         axes = [normalize_axis(axis, rank, "axes") for axis in attr.get("axes", (0, 2, 3))]
         centered = bb.emit(relax.op.subtract(data, relax.op.mean(data, axes, keepdims=True)))
         std = relax.op.sqrt(relax.op.mean(relax.op.multiply(centered, centered), axes, keepdims=True))

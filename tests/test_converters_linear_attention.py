@@ -2,11 +2,12 @@
 
 import numpy as np
 import pytest
-from conftest import check_node, make_model, tensor
+from conftest import make_model, tensor
 from onnx import helper
+from single_node import check_node
 
 import tvmsched
-from tvmsched.converters.recurrent import MAX_UNROLLED_STEPS
+from tvmsched.converters.linear_attention import MAX_UNROLLED_STEPS
 from tvmsched.errors import UnsupportedOperator
 
 RNG = np.random.default_rng(0)

@@ -1,5 +1,6 @@
-"""The stateful ops of linear-attention and state-space models (Gated DeltaNet, Mamba), which TVM's importer
-lacks: CausalConvWithState and LinearAttention, each also outputting the state that the next step takes."""
+"""The opset-27 ops of linear-attention and state-space blocks (Gated DeltaNet, Mamba), which TVM's importer
+lacks: LinearAttention and the CausalConvWithState before it, each also outputting the state that the next
+step takes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from tvmsched.converters import register_converter
 from tvmsched.converters.attention import merge_heads, split_heads
-from tvmsched.converters.common import cast, constant, dtype_of, shape_of, string_attribute
-from tvmsched.errors import UnsupportedOperator
+from tvmsched.converters.common import cast, constant, dtype_of, refuse, static_shape, text_attribute
 
 # LinearAttention's recurrence is unrolled, a few ops per time step: longer sequences would make graphs
 # (and compile times) that grow without bound.
@@ -25,12 +25,11 @@ class CausalConvWithState(OnnxOpConverter):
     @classmethod
     def _impl_v27(cls, bb, inputs, attr, params):
         data, weight, bias, past = inputs[0], inputs[1], inputs[2], inputs[3]
-        activation = string_attribute(attr, "activation", "none")
+        activation = text_attribute(attr, "activation", "none")
         if activation not in ("none", "silu", "swish"):
-            raise UnsupportedOperator(f"activation='{activation}': the spec defines 'none', 'silu' and "
-                                      f"'swish' only")
-        batch, channels, length = shape_of(data)
-        kernel = shape_of(weight)[2]
+            raise refuse(f"activation='{activation}'", "the spec defines 'none', 'silu' and 'swish' only")
+        batch, channels, length = static_shape(data)
+        kernel = static_shape(weight)[2]
         if past is None:
             past = constant(np.zeros((batch, channels, kernel - 1)), dtype_of(data))
         sequence = bb.emit(relax.op.concat([past, data], axis=2))
@@ -62,16 +61,17 @@ class LinearAttention(OnnxOpConverter):
         gated, delta = cls._rule(attr, decay, beta)
         heads, key_heads = attr.get("q_num_heads", 0), attr.get("kv_num_heads", 0)
         if not heads or not key_heads or heads % key_heads:
-            raise UnsupportedOperator(f"q_num_heads={heads} must be a positive multiple of "
-                                      f"kv_num_heads={key_heads} (both are required)")
+            raise refuse(f"q_num_heads={heads} with kv_num_heads={key_heads}",
+                         "both are required, the first a positive multiple of the second")
         dtype, state_dtype = dtype_of(query), dtype_of(query if past is None else past)
-        batch, steps, _ = shape_of(query)
+        batch, steps, _ = static_shape(query)
         if steps > MAX_UNROLLED_STEPS:
-            raise UnsupportedOperator(f"a sequence of {steps} steps: tvmsched unrolls the recurrence, at "
-                                      f"most {MAX_UNROLLED_STEPS} steps; run the prefill in chunks")
+            raise refuse(f"a sequence of {steps} steps",
+                         f"tvmsched unrolls the recurrence, at most {MAX_UNROLLED_STEPS} steps; run the "
+                         f"prefill in chunks")
         query, key, value = (cast(bb, split_heads(bb, tensor, count), "float32")
                              for tensor, count in ((query, heads), (key, key_heads), (value, key_heads)))
-        key_size, value_size = shape_of(key)[3], shape_of(value)[3]
+        key_size, value_size = static_shape(key)[3], static_shape(value)[3]
         gates = cls._per_head(bb, decay, key_heads, (key_heads * key_size, key_heads), "decay") if gated \
             else None
         rates = cls._per_head(bb, beta, key_heads, (key_heads, 1), "beta") if delta else None
@@ -98,13 +98,14 @@ class LinearAttention(OnnxOpConverter):
     @classmethod
     def _rule(cls, attr: dict, decay: relax.Expr | None, beta: relax.Expr | None) -> tuple[bool, bool]:
         """Whether `update_rule` gates (decays the state) and whether it corrects by the delta rule."""
-        rule = string_attribute(attr, "update_rule", "gated_delta")
+        rule = text_attribute(attr, "update_rule", "gated_delta")
         if rule not in cls.RULES:
-            raise UnsupportedOperator(f"update_rule='{rule}': the spec defines {', '.join(cls.RULES)} only")
+            raise refuse(f"update_rule='{rule}'", f"the spec defines {', '.join(cls.RULES)} only")
         gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
         if gated != (decay is not None) or delta != (beta is not None):
-            raise UnsupportedOperator(f"update_rule='{rule}' takes {'a' if gated else 'no'} decay input and "
-                                      f"{'a' if delta else 'no'} beta input")
+            raise refuse(f"update_rule='{rule}' with these inputs",
+                         f"it takes {'a' if gated else 'no'} decay input and {'a' if delta else 'no'} beta "
+                         f"input")
         return gated, delta
 
     @staticmethod
@@ -112,10 +113,10 @@ class LinearAttention(OnnxOpConverter):
                   name: str) -> relax.Expr:
         """A (B, T, width) input as (B, H, T, width / H) in float32, for the widths the spec allows (H
         heads of d_k or 1 values for decay; H heads or 1 shared value for beta)."""
-        width = shape_of(tensor)[2]
+        width = static_shape(tensor)[2]
         if width not in widths:
-            raise UnsupportedOperator(f"{name} has a last dimension of {width}; the spec allows "
-                                      f"{' or '.join(map(str, widths))} here")
+            raise refuse(f"{name} of last dimension {width}",
+                         f"the spec allows {' or '.join(map(str, widths))} here")
         return cast(bb, split_heads(bb, tensor, key_heads if width != 1 else 1), "float32")
 
 
