@@ -19,4 +19,4 @@ def register_converter(op_type: str):
 
 
 # The converter modules register themselves on import (kept sorted to ease merging).
-from tvmsched.converters import attention, linear_attention, loss, normalization  # noqa: E402, F401, I001
+from tvmsched.converters import attention, linear_attention, loss, normalization, softmax  # noqa: E402, F401, I001

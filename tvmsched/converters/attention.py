@@ -17,6 +17,7 @@ from tvmsched.converters.common import (
     requested_outputs,
     static_shape,
 )
+from tvmsched.converters.softmax import softmax
 
 
 def split_heads(bb: relax.BlockBuilder, tensor: relax.Expr, heads: int) -> relax.Expr:
@@ -112,14 +113,7 @@ class Attention(OnnxOpConverter):
                  dtype: str) -> relax.Expr:
         """softmax in `precision` over the keys, 0 in a row whose bias is -inf everywhere (softmax makes it
         NaN), cast to `dtype`."""
-        biased = cast(bb, biased, precision)
-        if precision == "float16":  # its sum in float32, as numpy's and onnxruntime's (topi's is in float16)
-            shifted = relax.op.subtract(biased, relax.op.max(biased, axis=-1, keepdims=True))
-            exponentials = bb.emit(relax.op.exp(shifted))
-            total = relax.op.sum(relax.op.astype(exponentials, "float32"), axis=-1, keepdims=True)
-            probabilities = relax.op.divide(exponentials, relax.op.astype(total, precision))
-        else:
-            probabilities = relax.op.nn.softmax(biased, axis=-1)
+        probabilities = softmax(bb, cast(bb, biased, precision), axis=-1)
         if bias is not None:
             # Counted, since Relax's max starts from the lowest finite value, not -inf.
             allowed = relax.op.astype(relax.op.greater(bias, constant(-np.inf, dtype_of(bias))), "int32")
