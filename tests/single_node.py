@@ -51,3 +51,14 @@ def check_node(node: onnx.NodeProto | list[onnx.NodeProto], inputs: dict[str, np
         assert (got.dtype, got.shape) == (want.dtype, want.shape)
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     return actual
+
+
+def build_for_cuda(model: onnx.ModelProto) -> None:
+    """Cross-compile the model's kernels for CUDA (dlight schedules the ones without tuning records)."""
+    from tvmsched import frontend
+    from tvmsched.codegen import build_library
+    from tvmsched.lower import kernel_module, lower
+    from tvmsched.target import resolve_target
+
+    lowered = lower(frontend.to_relax(model, frontend.bind_input_shapes(model)))
+    build_library(kernel_module(lowered), resolve_target("cuda"))

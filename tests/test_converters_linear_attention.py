@@ -1,10 +1,12 @@
-"""tvmsched's converters of stateful ops (CausalConvWithState, LinearAttention) against onnxruntime."""
+"""tvmsched's LinearAttention converter against onnxruntime."""
+
+import shutil
 
 import numpy as np
 import pytest
 from conftest import make_model, tensor
 from onnx import helper
-from single_node import check_node
+from single_node import build_for_cuda, check_node, node_model
 
 import tvmsched
 from tvmsched.converters.linear_attention import MAX_UNROLLED_STEPS
@@ -15,20 +17,6 @@ RNG = np.random.default_rng(0)
 
 def uniform(*shape, low=-1.0, dtype="float32"):
     return RNG.uniform(low, 1, shape).astype(dtype)
-
-
-@pytest.mark.parametrize("past, bias, activation, kernel", [
-    (False, False, "none", 4), (True, True, "silu", 3), (False, True, "swish", 1)])
-def test_causal_conv_with_state(past, bias, activation, kernel):
-    """Over zeros or the past state, with bias and SiLU; a kernel of 1 leaves an empty present state."""
-    node = helper.make_node("CausalConvWithState", ["x", "w", "b" if bias else "", "past" if past else ""],
-                            ["y", "present"], activation=activation)
-    inputs = {"x": uniform(2, 3, 5), "w": uniform(3, 1, kernel)}
-    if bias:
-        inputs["b"] = uniform(3)
-    if past:
-        inputs["past"] = uniform(2, 3, kernel - 1)
-    check_node(node, inputs, 27)
 
 
 @pytest.mark.parametrize("rule, heads, decay, beta, past", [
@@ -59,3 +47,13 @@ def test_linear_attention_longer_than_the_unrolled_limit_is_refused():
                        [tensor("y", [1, steps, 4]), tensor("present", [1, 1, 4, 4])], {}, 27)
     with pytest.raises(UnsupportedOperator, match=f"a sequence of {steps} steps"):
         tvmsched.compile(model, target="llvm")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to compile CUDA")
+def test_one_key_head_compiles_for_cuda():
+    """k v^T of one key head as a matmul over an axis of 1 failed dlight's GEMV rule."""
+    node = helper.make_node("LinearAttention", ["q", "k", "v", "", "decay", "beta"], ["y", "present"],
+                            q_num_heads=4, kv_num_heads=1)
+    inputs = {"q": uniform(2, 2, 32), "k": uniform(2, 2, 8), "v": uniform(2, 2, 8), "decay": uniform(2, 2, 8),
+              "beta": uniform(2, 2, 1)}
+    build_for_cuda(node_model(node, inputs, 27))

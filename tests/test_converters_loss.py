@@ -1,10 +1,12 @@
 """tvmsched's loss converters against onnxruntime, on one-node models."""
 
+import shutil
+
 import numpy as np
 import pytest
 from conftest import make_model, tensor
 from onnx import TensorProto, helper
-from single_node import check_node
+from single_node import build_for_cuda, check_node, node_model
 
 import tvmsched
 from tvmsched.errors import UnsupportedOperator
@@ -49,3 +51,11 @@ def test_unknown_reduction_is_refused():
                        [tensor("loss", [])], {}, opset=22)
     with pytest.raises(UnsupportedOperator, match="reduction='max'"):
         tvmsched.compile(model, target="llvm")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to compile CUDA")
+def test_unweighted_mean_compiles_for_cuda():
+    """Relax's mean of the whole loss failed dlight's schedules for CUDA."""
+    scores, target = scores_and_target(3, 5, 2)
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["scores", "target"], ["loss"], reduction="mean")
+    build_for_cuda(node_model(node, {"scores": scores, "target": target}, 13))

@@ -1,6 +1,5 @@
-"""The opset-27 ops of linear-attention and state-space blocks (Gated DeltaNet, Mamba), which TVM's importer
-lacks: LinearAttention and the CausalConvWithState before it, each also outputting the state that the next
-step takes."""
+"""LinearAttention (opset 27; Gated DeltaNet and its relatives), which TVM's importer lacks: a recurrence
+over the sequence that also outputs the state the next step takes."""
 
 from __future__ import annotations
 
@@ -15,35 +14,6 @@ from tvmsched.converters.common import cast, constant, dtype_of, refuse, static_
 # LinearAttention's recurrence is unrolled, a few ops per time step: longer sequences would make graphs
 # (and compile times) that grow without bound.
 MAX_UNROLLED_STEPS = 64
-
-
-@register_converter("CausalConvWithState")
-class CausalConvWithState(OnnxOpConverter):
-    """A depthwise 1D convolution over the past state (zeros if none) followed by the input, optionally
-    SiLU-activated; the present state is the last k - 1 positions of that sequence."""
-
-    @classmethod
-    def _impl_v27(cls, bb, inputs, attr, params):
-        data, weight, bias, past = inputs[0], inputs[1], inputs[2], inputs[3]
-        activation = text_attribute(attr, "activation", "none")
-        if activation not in ("none", "silu", "swish"):
-            raise refuse(f"activation='{activation}'", "the spec defines 'none', 'silu' and 'swish' only")
-        batch, channels, length = static_shape(data)
-        kernel = static_shape(weight)[2]
-        if past is None:
-            past = constant(np.zeros((batch, channels, kernel - 1)), dtype_of(data))
-        sequence = bb.emit(relax.op.concat([past, data], axis=2))
-        dtype = dtype_of(data)
-        accumulate = "float32" if dtype in ("float16", "bfloat16") else dtype
-        output = relax.op.nn.conv1d(sequence, weight, groups=channels, out_dtype=accumulate)
-        if bias is not None:
-            output = relax.op.add(output, relax.op.reshape(cast(bb, bias, accumulate), (channels, 1)))
-        output = bb.emit(cast(bb, output, dtype))
-        if activation != "none":  # in float32, as the spec's function body
-            output = bb.emit(cast(bb, output, "float32"))
-            output = cast(bb, relax.op.multiply(output, relax.op.sigmoid(output)), dtype)
-        present = relax.op.strided_slice(sequence, [2], [length], [length + kernel - 1])
-        return relax.Tuple([output, present])
 
 
 @register_converter("LinearAttention")
@@ -88,7 +58,8 @@ class LinearAttention(OnnxOpConverter):
             if delta:
                 value_step = relax.op.multiply(_at(rates, step), relax.op.subtract(
                     value_step, relax.op.matmul(key_step, state)))
-            state = bb.emit(relax.op.add(state, relax.op.matmul(
+            # k v^T by broadcasting: as a matmul over an axis of 1, dlight's GEMV rule fails on it for CUDA
+            state = bb.emit(relax.op.add(state, relax.op.multiply(
                 relax.op.permute_dims(key_step, [0, 1, 3, 2]), value_step)))
             shared = state if heads == key_heads else relax.op.repeat(state, heads // key_heads, axis=1)
             outputs.append(relax.op.multiply(relax.op.matmul(_at(query, step), shared), scale))

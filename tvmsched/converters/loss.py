@@ -3,11 +3,12 @@ negative log-likelihood of a log_softmax over the class axis 1)."""
 
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from tvmsched.converters import register_converter
-from tvmsched.converters.common import constant, dtype_of, refuse, text_attribute
+from tvmsched.converters.common import constant, dtype_of, refuse, static_shape, text_attribute
 from tvmsched.converters.softmax import log_softmax
 
 
@@ -35,9 +36,12 @@ def negative_log_likelihood(bb: relax.BlockBuilder, log_prob: relax.Expr, target
         loss = relax.op.multiply(loss, weights)
     if reduction == "none":
         return loss
-    if reduction == "sum" or weights is None:
-        return (relax.op.sum if reduction == "sum" else relax.op.mean)(loss)
-    return relax.op.divide(relax.op.sum(loss), relax.op.sum(weights))
+    total = relax.op.sum(loss)
+    if reduction == "sum":
+        return total
+    # A sum divided by a count rather than Relax's mean, whose kernel dlight fails to schedule for CUDA.
+    count = constant(np.prod(static_shape(target)), dtype) if weights is None else relax.op.sum(weights)
+    return relax.op.divide(total, count)
 
 
 @register_converter("NegativeLogLikelihoodLoss")
