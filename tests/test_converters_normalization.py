@@ -90,3 +90,9 @@ def test_mean_variance_normalization_of_a_constant_channel_is_zero():
     x[:, 1] = 5.0
     check_node(helper.make_node("MeanVarianceNormalization", ["x"], ["y"]), {"x": x}, 9, reference="onnx")
     check_node(helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[1]), {"x": x}, 9)
+
+
+def test_lrn_of_float16():
+    x = normal(2, 4, 5, 5, dtype="float16")
+    check_node(helper.make_node("LRN", ["x"], ["y"], size=3, alpha=0.5, beta=0.6, bias=2.0), {"x": x}, 13,
+               rtol=2e-3, atol=1e-3)

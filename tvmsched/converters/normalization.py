@@ -1,6 +1,6 @@
 """Normalization ops where TVM's converters are wrong or missing: LayerNormalization's Mean and InvStdDev
 outputs and stash_type, RMSNormalization over every axis, BatchNormalization in training mode,
-LpNormalization, MeanVarianceNormalization's epsilon."""
+LpNormalization, MeanVarianceNormalization's epsilon, LRN of half-precision inputs."""
 
 from __future__ import annotations
 
@@ -167,3 +167,16 @@ class MeanVarianceNormalization(OnnxOpConverter):
         centered = bb.emit(relax.op.subtract(data, relax.op.mean(data, axes, keepdims=True)))
         std = relax.op.sqrt(relax.op.mean(relax.op.multiply(centered, centered), axes, keepdims=True))
         return relax.op.divide(centered, relax.op.add(std, constant(1e-9, dtype)))
+
+
+@register_converter("LRN")
+class LRN(onnx_frontend.LocalResponseNormalization):
+    """TVM's converter, whose constants are float32 (a float16 input was refused): half-precision inputs are
+    computed in float32."""
+
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        dtype = dtype_of(inputs[0])
+        if dtype not in ("float16", "bfloat16"):
+            return super()._impl_v13(bb, inputs, attr, params)
+        return cast(bb, super()._impl_v13(bb, [cast(bb, inputs[0], "float32")], attr, params), dtype)
