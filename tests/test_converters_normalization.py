@@ -31,8 +31,9 @@ def test_layer_normalization(axis, outputs, bias):
         assert actual[1].shape == x.shape[:axis % 3] + (1,) * len(normalized)
 
 
-def test_layer_normalization_float16_stashes_float32():
-    node = helper.make_node("LayerNormalization", ["x", "w", "b"], ["y", "mean"], axis=-1)
+@pytest.mark.parametrize("outputs", [["y"], ["y", "mean"]])
+def test_layer_normalization_float16_stashes_float32(outputs):
+    node = helper.make_node("LayerNormalization", ["x", "w", "b"], outputs, axis=-1)
     check_node(node, {"x": normal(2, 4, 8, dtype="float16"), "w": normal(8, dtype="float16"),
                       "b": normal(8, dtype="float16")}, 17, rtol=2e-3, atol=2e-3)
 

@@ -42,29 +42,36 @@ class LinearAttention(OnnxOpConverter):
         query, key, value = (cast(bb, split_heads(bb, tensor, count), "float32")
                              for tensor, count in ((query, heads), (key, key_heads), (value, key_heads)))
         key_size, value_size = static_shape(key)[3], static_shape(value)[3]
-        gates = cls._per_head(bb, decay, key_heads, (key_heads * key_size, key_heads), "decay") if gated \
-            else None
-        rates = cls._per_head(bb, beta, key_heads, (key_heads, 1), "beta") if delta else None
-        state = cast(bb, past, "float32") if past is not None else \
-            constant(np.zeros((batch, key_heads, key_size, value_size)), "float32")
+        gates = rates = None
+        if gated:
+            gates = cls._per_head(bb, decay, key_heads, (key_heads * key_size, key_heads), "decay")
+        if delta:
+            rates = cls._per_head(bb, beta, key_heads, (key_heads, 1), "beta")
+        zeros = np.zeros((batch, key_heads, key_size, value_size))
+        state = constant(zeros, "float32") if past is None else cast(bb, past, "float32")
         scale = constant(attr.get("scale", 0.0) or 1 / np.sqrt(key_size), "float32")
         outputs = []
         for step in range(steps):
-            key_step, value_step = bb.emit(_at(key, step)), _at(value, step)
-            if gated:  # exp(g) of (B, H, 1, d_k or 1) scales the state's rows
-                state = relax.op.multiply(state, relax.op.permute_dims(relax.op.exp(_at(gates, step)),
-                                                                       [0, 1, 3, 2]))
-            state = bb.emit(state)
-            if delta:
-                value_step = relax.op.multiply(_at(rates, step), relax.op.subtract(
-                    value_step, relax.op.matmul(key_step, state)))
-            # k v^T by broadcasting: as a matmul over an axis of 1, dlight's GEMV rule fails on it for CUDA
-            state = bb.emit(relax.op.add(state, relax.op.multiply(
-                relax.op.permute_dims(key_step, [0, 1, 3, 2]), value_step)))
+            state = cls._step(bb, state, *(_at(tensor, step) for tensor in (key, value, gates, rates)))
             shared = state if heads == key_heads else relax.op.repeat(state, heads // key_heads, axis=1)
             outputs.append(relax.op.multiply(relax.op.matmul(_at(query, step), shared), scale))
         output = bb.emit(relax.op.concat(outputs, axis=2))
         return relax.Tuple([cast(bb, merge_heads(output), dtype), cast(bb, state, state_dtype)])
+
+    @staticmethod
+    def _step(bb: relax.BlockBuilder, state: relax.Expr, key: relax.Expr, value: relax.Expr,
+              gate: relax.Expr | None, rate: relax.Expr | None) -> relax.Expr:
+        """The state after one step: (B, H, d_k, d_v) from k (B, H, 1, d_k), v (B, H, 1, d_v), the decay
+        (B, H, 1, d_k or 1) and beta (B, H or 1, 1, 1) of that step."""
+        key = bb.emit(key)
+        if gate is not None:  # exp(g) scales the state's rows
+            state = relax.op.multiply(state, relax.op.permute_dims(relax.op.exp(gate), [0, 1, 3, 2]))
+        state = bb.emit(state)
+        if rate is not None:
+            value = relax.op.multiply(rate, relax.op.subtract(value, relax.op.matmul(key, state)))
+        # k v^T by broadcasting: as a matmul over an axis of 1, dlight's GEMV rule fails on it for CUDA
+        outer = relax.op.multiply(relax.op.permute_dims(key, [0, 1, 3, 2]), value)
+        return bb.emit(relax.op.add(state, outer))
 
     @classmethod
     def _rule(cls, attr: dict, decay: relax.Expr | None, beta: relax.Expr | None) -> tuple[bool, bool]:
@@ -91,6 +98,6 @@ class LinearAttention(OnnxOpConverter):
         return cast(bb, split_heads(bb, tensor, key_heads if width != 1 else 1), "float32")
 
 
-def _at(tensor: relax.Expr, step: int) -> relax.Expr:
-    """(B, H, T, n) -> (B, H, 1, n) at time `step`."""
-    return relax.op.strided_slice(tensor, [2], [step], [step + 1])
+def _at(tensor: relax.Expr | None, step: int) -> relax.Expr | None:
+    """(B, H, T, n) -> (B, H, 1, n) at time `step` (None for an absent input)."""
+    return None if tensor is None else relax.op.strided_slice(tensor, [2], [step], [step + 1])

@@ -33,9 +33,9 @@ def _to_shape(bb: relax.BlockBuilder, expr: relax.Expr, shape: tuple[int, ...]) 
 
 @register_converter("LayerNormalization")
 class LayerNormalization(OnnxOpConverter):
-    """Y with TVM's fused layer_norm where only Y is asked for and computed in the input's dtype; else by the
-    spec's function: statistics in `stash_type`, Mean and InvStdDev shaped like X with the normalized axes
-    kept as 1 (TVM's converter returns placeholders of shape () for them)."""
+    """Y with TVM's fused layer_norm where only Y is asked for and computed in the input's dtype (or float16
+    in float32); else by the spec's function: statistics in `stash_type`, Mean and InvStdDev shaped like X
+    with the normalized axes kept as 1 (TVM's converter returns placeholders of shape () for them)."""
 
     @classmethod
     def _impl_v17(cls, bb, inputs, attr, params):
@@ -45,7 +45,8 @@ class LayerNormalization(OnnxOpConverter):
         axes = list(range(axis, len(shape)))
         epsilon = attr.get("epsilon", 1e-5)
         dtype, stash = dtype_of(data), onnx_dtype(attr.get("stash_type", TensorProto.FLOAT))
-        if requested_outputs(attr) == 1 and stash == dtype:
+        # topi's layer_norm computes float16 in float32, the default stash_type
+        if requested_outputs(attr) == 1 and (stash == dtype or (dtype, stash) == ("float16", "float32")):
             bias = constant(0, dtype) if bias is None else bias
             return relax.op.nn.layer_norm(data, _to_shape(bb, scale, shape[axis:]),
                                           _to_shape(bb, bias, shape[axis:]), axes, epsilon)
