@@ -79,6 +79,14 @@ def branchy_model() -> onnx.ModelProto:
 
 
 @pytest.fixture
+def runtime_axes_model() -> onnx.ModelProto:
+    """A ReduceSum whose axes are a graph input (as in onnx's node tests): a value that decides a shape."""
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+    return make_model([node], [tensor("x", [3, 4]), tensor("axes", [1], TensorProto.INT64)],
+                      [tensor("y", [3])], {})
+
+
+@pytest.fixture
 def two_io_model() -> onnx.ModelProto:
     """Two inputs of different dtypes' shapes and two outputs, one of them a graph input passed through."""
     rng = np.random.default_rng(1)

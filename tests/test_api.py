@@ -257,3 +257,37 @@ def test_workspace_of_concurrent_kernels_gets_buffers_of_their_own(pooled_branch
     loaded = tvmsched.load(model.save(tmp_path / "build"))
     assert loaded.graph == model.graph
     np.testing.assert_array_equal(loaded(x), model(x))
+
+
+def test_constant_inputs_are_bound_at_build_time_and_recorded(runtime_axes_model, tmp_path):
+    axes = np.array([1])
+    model = tvmsched.compile(runtime_axes_model, target="llvm", constant_inputs={"axes": axes})
+    x = np.random.default_rng(6).standard_normal((3, 4)).astype("float32")
+    assert [spec.name for spec in model.inputs] == ["x"]
+    assert_matches([model(x)], onnxruntime_outputs(runtime_axes_model, {"x": x, "axes": axes}))
+    with pytest.raises(InputError, match="'axes' was bound to a value when the model was built"):
+        model({"x": x, "axes": axes})
+    build = model.save(tmp_path / "build")
+    (recorded,) = json.loads((build / "meta.json").read_text())["constant_inputs"]
+    assert {key: recorded[key] for key in ("name", "shape", "dtype")} == {"name": "axes", "shape": [1],
+                                                                          "dtype": "int64"}
+    np.testing.assert_array_equal(tvmsched.load(build, constant_inputs={"axes": axes})(x), model(x))
+    with pytest.raises(ArtifactError, match="another value of input 'axes'.*--constant-input axes="):
+        tvmsched.load(build, constant_inputs={"axes": np.array([0])})
+    with pytest.raises(ArtifactError, match="with input 'x' as an input, not bound"):
+        tvmsched.load(build, constant_inputs={"x": x})
+
+
+def test_scalar_inputs_and_outputs_keep_their_shape(tmp_path):
+    nodes = [helper.make_node("Mul", ["a", "b"], ["y"]),
+             helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0)]
+    model = make_model(nodes, [tensor("a", []), tensor("b", [3])], [tensor("y", [3]), tensor("total", [])],
+                       {})
+    feeds = {"a": np.array(2.0, "float32"), "b": np.arange(3, dtype="float32")}
+    compiled = tvmsched.compile(model, target="llvm")
+    outputs = compiled.run(feeds)
+    assert [output.shape for output in outputs] == [(3,), ()]
+    assert_matches(outputs, onnxruntime_outputs(model, feeds))
+    loaded = tvmsched.load(compiled.save(tmp_path / "build"))
+    assert loaded.inputs[0].shape == () and loaded.outputs[1].shape == ()
+    assert loaded.run(feeds)[1].shape == ()

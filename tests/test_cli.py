@@ -97,3 +97,27 @@ def test_tune_reports_kernels_that_got_no_candidate():
                                   "keeps the default schedule (default 0.2500 ms) and later runs skip it")
     task.trials, task.best_ms = 16, 0.125
     assert _kernel_line(task) == "  fused_conv2d (x2): 16 trials, best 0.1250 ms (default 0.2500 ms)"
+
+
+def test_constant_input_on_build_and_run(tmp_path, capsys, runtime_axes_model):
+    """--constant-input binds an input's value at build time; a build directory refuses another value."""
+    onnx.save(runtime_axes_model, tmp_path / "sum.onnx")
+    np.save(tmp_path / "axes.npy", np.array([1]))
+    np.save(tmp_path / "other.npy", np.array([0]))
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["build", str(tmp_path / "sum.onnx"), "-o", str(tmp_path / "build"), "--target", "llvm"]) == 2
+    assert "--constant-input axes=FILE.npy" in capsys.readouterr().err
+    assert main(["build", str(tmp_path / "sum.onnx"), "-o", str(tmp_path / "build"), "--target", "llvm",
+                 "--constant-input", f"axes={tmp_path / 'axes.npy'}"]) == 0
+    assert main(["run", str(tmp_path / "build"), "--input", f"x={tmp_path / 'x.npy'}",
+                 "--save-output", str(tmp_path / "out.npz"),
+                 "--constant-input", f"axes={tmp_path / 'axes.npy'}"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], x.sum(axis=1))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "build"), "--constant-input", f"axes={tmp_path / 'other.npy'}"]) == 2
+    assert "another value of input 'axes'" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "build"), "--input", f"axes={tmp_path / 'axes.npy'}"]) == 2
+    assert "'axes' was bound to a value when the model was built" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "build"), "--constant-input", "axes"]) == 2
+    assert "write NAME=FILE.npy" in capsys.readouterr().err

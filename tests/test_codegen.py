@@ -7,6 +7,7 @@ import tvm
 from tvm import te, topi
 from tvm.script import tirx as T
 
+import tvmsched
 from tvmsched import frontend
 from tvmsched.codegen import _check_no_pooled_workspace, default_schedules, hoist_workspace
 from tvmsched.errors import GraphError
@@ -79,3 +80,74 @@ def test_hoisting_takes_a_kernel_off_the_workspace_pool():
     with pytest.raises(GraphError, match="pool"):
         _check_no_pooled_workspace(tvm.compile(kernels, target="llvm"), ["pool"])
     _check_no_pooled_workspace(tvm.compile(hoist_workspace(kernels)[0], target="llvm"), ["pool"])
+
+
+def _squeeze_excite_model():
+    """The squeeze-excite gate of mobilenet_v3 at batch 16 (1x1 conv, hard sigmoid, scale): dlight's Matmul
+    rule raises on its fused kernel (seen on torchvision's mobilenet_v3_large and efficientnet_b0)."""
+    from conftest import make_model, tensor
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((16, 8, 1, 1)).astype("float32"),
+               "b": rng.standard_normal(16).astype("float32")}
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
+             helper.make_node("Conv", ["pooled", "w", "b"], ["conv"]),
+             helper.make_node("HardSigmoid", ["conv"], ["gate"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["gate", "y"], ["out"])]
+    return make_model(nodes, [tensor("x", [16, 8, 4, 4]), tensor("y", [16, 16, 4, 4])],
+                      [tensor("out", [16, 16, 4, 4])], weights, opset=17)
+
+
+def test_a_failing_dlight_rule_falls_back_to_the_next_and_is_named():
+    model = tvmsched.compile(_squeeze_excite_model(), target="nvidia/nvidia-h100", tuned=False)
+    (symbol, why), = model.meta.fallbacks
+    assert symbol.startswith("fused_conv2d") and "Matmul failed (AssertionError" in why
+    assert why.endswith("runs the Fallback schedule")
+
+
+class _Broken:
+    """A stand-in dlight rule whose schedule applies and then fails to compile (see `_failing_compile`)."""
+
+    def apply(self, function, target, tunable):
+        return tvm.s_tir.Schedule(function.with_attr("test.broken", True))
+
+
+def _failing_compile(monkeypatch, rules: tuple[str, ...]):
+    """Make `rules` the GPU rules, where the stand-in "Broken" rule's kernels fail to compile."""
+    from tvm.s_tir import dlight
+
+    from tvmsched import codegen
+
+    compile_module = tvm.compile
+
+    def compile_or_fail(module, target):
+        if any(function.attrs.get("test.broken", False) for function in module.functions.values()):
+            raise tvm.error.InternalError("a broken schedule")
+        return compile_module(module, target=target)
+
+    monkeypatch.setattr(dlight.gpu, "Broken", _Broken, raising=False)
+    monkeypatch.setattr(codegen, "GPU_RULES", rules)
+    monkeypatch.setattr(tvm, "compile", compile_or_fail)
+
+
+def test_a_schedule_that_does_not_compile_falls_back_to_the_next_rule(monkeypatch, branchy_model):
+    from tvmsched import codegen
+
+    inputs = frontend.bind_input_shapes(branchy_model, 1)
+    kernels = kernel_module(lower(frontend.to_relax(branchy_model, inputs)))
+    _failing_compile(monkeypatch, ("Broken", "Fallback"))
+    library = codegen.build_library(kernels, resolve_target("nvidia/nvidia-h100"))
+    assert set(library.fallbacks) == {global_var.name_hint for global_var in kernels.functions}
+    assert all(why == "Broken did not compile (InternalError: a broken schedule); runs the Fallback schedule"
+               for why in library.fallbacks.values())
+
+
+def test_a_kernel_without_a_schedule_that_compiles_fails_the_build_naming_it(monkeypatch, branchy_model):
+    from tvmsched import codegen
+
+    inputs = frontend.bind_input_shapes(branchy_model, 1)
+    kernels = kernel_module(lower(frontend.to_relax(branchy_model, inputs)))
+    _failing_compile(monkeypatch, ("Broken",))
+    with pytest.raises(GraphError, match=r"kernel '\w+' cannot be compiled with any schedule: Broken did"):
+        codegen.build_library(kernels, resolve_target("nvidia/nvidia-h100"))

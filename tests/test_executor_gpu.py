@@ -98,3 +98,58 @@ def test_measured_cost_times_whole_plans_and_caches_them(tmp_path, monkeypatch):
     cost.close()
     with pytest.raises(TargetError, match="was closed"):
         timer.time_stage(((0,),))
+
+
+def _embedding_model(vocab: int = 30000, width: int = 64, length: int = 128):
+    """BERT's first layers in small: int64 token ids gathered from an embedding table, normalized and
+    projected."""
+    from conftest import make_model, tensor
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(15)
+    weights = {"table": rng.standard_normal((vocab, width)).astype("float32"),
+               "scale": np.ones(width, "float32"), "bias": np.zeros(width, "float32"),
+               "project": rng.standard_normal((width, width)).astype("float32") * 0.1}
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["embedded"], axis=0),
+             helper.make_node("LayerNormalization", ["embedded", "scale", "bias"], ["normal"], axis=-1),
+             helper.make_node("MatMul", ["normal", "project"], ["out"])]
+    return make_model(nodes, [tensor("ids", [1, length], TensorProto.INT64)],
+                      [tensor("out", [1, length, width])], weights)
+
+
+def test_models_in_one_process_beside_another_librarys_cuda_graphs(branchy_model):
+    """Several models in one process, one with int64 token ids, while PyTorch holds CUDA graphs of its own.
+    It once lost the CUDA context (illegal address): the CUDA-graph executor launches the plan once before
+    the first inputs arrive, and the ids' buffer held whatever an earlier model's freed memory held, so the
+    gather read far out of its table. Freed buffers full of 0x7f bytes make that deterministic here."""
+    import tvm
+    from conftest import onnxruntime_outputs
+
+    torch = pytest.importorskip("torch")
+    weight = torch.randn(256, 256, device="cuda")
+    static = torch.randn(8, 256, device="cuda")
+    static @ weight  # cuBLAS makes its handle outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = static @ weight
+    graph.replay()
+
+    x = np.random.default_rng(16).standard_normal((1, 3, 8, 8)).astype("float32")
+    with tvmsched.compile(branchy_model, target="cuda", batch=1) as first:
+        expected = tvmsched.compile(branchy_model, target="llvm", batch=1)(x)
+        np.testing.assert_allclose(first(x), expected, rtol=1e-5, atol=1e-5)
+        with first.reschedule("dp", max_streams=4) as scheduled:
+            np.testing.assert_allclose(scheduled(x), expected, rtol=1e-5, atol=1e-5)
+            assert scheduled.benchmark(warmup=2, repeat=5)["median_ms"] > 0
+
+    poison = [tvm.runtime.tensor(np.full(size, 0x7F, "uint8"), tvm.cuda(0)) for size in (1024, 4096, 1 << 20)]
+    del poison
+    embedding = _embedding_model()
+    ids = np.random.default_rng(17).integers(0, 30000, (1, 128)).astype("int64")
+    with tvmsched.compile(embedding, target="cuda") as second:
+        np.testing.assert_allclose(second(ids), onnxruntime_outputs(embedding, {"ids": ids})[0],
+                                   rtol=1e-4, atol=1e-4)
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(result.cpu().numpy(), (static @ weight).cpu().numpy(), rtol=1e-5, atol=1e-4)

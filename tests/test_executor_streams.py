@@ -124,3 +124,28 @@ def test_time_order_shares_the_timers_constants_instead_of_uploading_them(fake_c
             np.testing.assert_array_equal(executor.run([x])[0], expected)
         assert len(uploads) == 3
     assert_released(fake_cuda)
+
+
+def test_the_cuda_graph_warm_up_runs_on_zero_inputs_whatever_memory_it_gets(fake_cuda, monkeypatch):
+    """The CUDA-graph executor launches the plan once while it is made, before any input arrives; token ids
+    taken from recycled device memory sent a gather out of its table and lost the CUDA context. Here the
+    allocator hands back int64 memory holding 5s: the warm-up must still gather row 0."""
+    from conftest import make_model, tensor
+    from onnx import TensorProto, helper
+
+    table = np.arange(24, dtype="float32").reshape(8, 3)
+    proto = make_model([helper.make_node("Gather", ["table", "ids"], ["out"], axis=0)],
+                       [tensor("ids", [4], TensorProto.INT64)], [tensor("out", [4, 3])], {"table": table})
+    model = tvmsched.compile(proto, target="llvm")
+    empty = tvm.runtime.empty
+
+    def recycled(shape, dtype="float32", device=None):
+        made = empty(shape, dtype, device)
+        if dtype == "int64":
+            made.copyfrom(np.full(shape, 5, "int64"))
+        return made
+
+    monkeypatch.setattr(tvm.runtime, "empty", recycled)
+    with CudaGraphExecutor(model.library, model.graph, model.plan, model.constants, tvm.cpu()) as executor:
+        warm_up = executor.buffers[model.graph.outputs[0].name].numpy()
+        np.testing.assert_array_equal(warm_up, np.repeat(table[:1], 4, axis=0))

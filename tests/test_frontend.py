@@ -5,9 +5,11 @@ import onnx
 import pytest
 from conftest import make_model, tensor
 from onnx import helper
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 import tvmsched
 from tvmsched import frontend
+from tvmsched.converters import CONVERTERS
 from tvmsched.errors import ModelLoadError, ShapeBindingError, UnknownModel, UnsupportedOperator
 
 
@@ -94,11 +96,16 @@ def test_unknown_model_name():
         tvmsched.compile("not_a_model")
 
 
-def test_importer_failure_names_the_node_and_leaves_no_warning(capfd):
-    """An op TVM's importer fails on (here: axes given at run time) is refused naming the node."""
+def test_importer_failure_names_the_node_and_leaves_no_warning(capfd, monkeypatch):
+    """A converter that fails (one that raises, standing in for any of TVM's) is refused naming the node."""
+    class Failing(OnnxOpConverter):
+        @classmethod
+        def _impl_v1(cls, bb, inputs, attr, params):
+            raise ValueError("Only constant axes currently supported")
+
+    monkeypatch.setitem(CONVERTERS, "ReduceSum", Failing)
     node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="sum_3")
-    model = make_model([node], [tensor("x", [3, 4]), tensor("axes", [1], onnx.TensorProto.INT64)],
-                       [tensor("y", [3])], {})
+    model = make_model([node], [tensor("x", [3, 4])], [tensor("y", [3])], {"axes": np.array([1])})
     with pytest.raises(UnsupportedOperator, match=r"node 'sum_3' \(ReduceSum\) \(opset 18\) cannot be "
                                                   r"imported: Only constant axes"):
         tvmsched.compile(model, target="llvm")
@@ -106,3 +113,32 @@ def test_importer_failure_names_the_node_and_leaves_no_warning(capfd):
     gc.collect()
     captured = capfd.readouterr()
     assert "Error converting" not in captured.out and "BlockBuilder" not in captured.err
+
+
+@pytest.mark.parametrize("constants, shapes, message", [
+    ({"bias": np.zeros(3, "float32")}, {}, "--constant-input names bias, but the model's inputs are x, axes"),
+    ({"axes": np.array([1], "int32")}, {}, "value given for input 'axes' is int32, but the input is int64; "
+                                           "convert it with .astype"),
+    ({"axes": np.array([1, 0])}, {}, "value given for input 'axes' has shape 2, but the input's dims are 1"),
+    ({"axes": np.array([1])}, {"axes": (1,)}, "input 'axes' is given both a shape .* and a value"),
+])
+def test_constant_input_binding_errors(runtime_axes_model, constants, shapes, message):
+    with pytest.raises(ShapeBindingError, match=message):
+        frontend.bind_input_shapes(runtime_axes_model, input_shapes=shapes, constant_inputs=constants)
+    assert frontend.bind_input_shapes(runtime_axes_model, constant_inputs={"axes": np.array([1])}) == [
+        frontend.TensorSpec("x", (3, 4), "float32")]
+
+
+def test_a_sequence_input_is_refused_by_name():
+    sequence = helper.make_tensor_sequence_value_info("items", onnx.TensorProto.FLOAT, [2])
+    node = helper.make_node("SequenceAt", ["items", "position"], ["output"])
+    model = make_model([node], [sequence], [tensor("output", [2])], {"position": np.array(0)})
+    with pytest.raises(ShapeBindingError, match="input 'items' is a sequence value, not a tensor"):
+        frontend.bind_input_shapes(model)
+
+
+def test_scalar_and_empty_dims_are_static():
+    node = helper.make_node("Add", ["scalar", "empty"], ["output"])
+    model = make_model([node], [tensor("scalar", []), tensor("empty", [2, 0])], [tensor("output", [2, 0])],
+                       {})
+    assert [spec.shape for spec in frontend.bind_input_shapes(model)] == [(), (2, 0)]

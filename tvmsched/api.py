@@ -23,8 +23,9 @@ from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.cost.measured import MeasuredCost
 from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel
 from tvmsched.executor import create_executor
+from tvmsched.executor.base import sample_value
 from tvmsched.executor.streams import StageTimer
-from tvmsched.frontend import TensorSpec
+from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import kernel_module, lower
 from tvmsched.plan import ExecutionPlan, make_plan
@@ -46,7 +47,8 @@ ARTIFACTS = (*BINARY_ARTIFACTS, "graph.json", "plan.json", "meta.json")
 
 @dataclass(frozen=True)
 class ModelMeta:
-    """What a build was made for: its inputs and outputs, target, device and versions."""
+    """What a build was made for: its inputs and outputs, the graph inputs bound to values when it was built,
+    target, device and versions."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -55,12 +57,16 @@ class ModelMeta:
     tuned_kernels: tuple[str, ...] = ()  # symbols scheduled from the tuning log; the rest use defaults
     tuning_log: str | None = None
     kernels_hash: str = ""  # of the scheduled kernels, so stage latencies measured for them stay theirs
+    fallbacks: tuple[tuple[str, str], ...] = ()  # (symbol, why) of kernels whose first schedule failed
+    constant_inputs: tuple[ConstantInput, ...] = ()
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
                 "outputs": [spec.to_json() for spec in self.outputs], "target": self.target.to_json(),
                 "tvm_version": self.tvm_version, "tuned_kernels": list(self.tuned_kernels),
-                "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash}
+                "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash,
+                "fallbacks": dict(self.fallbacks),
+                "constant_inputs": [constant.to_json() for constant in self.constant_inputs]}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -69,7 +75,9 @@ class ModelMeta:
         return cls(tuple(TensorSpec.from_json(spec) for spec in data["inputs"]),
                    tuple(TensorSpec.from_json(spec) for spec in data["outputs"]),
                    TargetSpec.from_json(data["target"]), data["tvm_version"],
-                   tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""))
+                   tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""),
+                   tuple(data.get("fallbacks", {}).items()),
+                   tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())))
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -86,6 +94,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             input_shapes: dict[str, tuple[int, ...]] | None = None, schedule: str = "sequential",
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
+            constant_inputs: dict[str, np.ndarray] | None = None,
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -94,14 +103,19 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     Kernels take their schedules from the target's tuning log (`tuning_log`: a log directory or a root of
     them, default `tuning_logs/`) where it has records, unless `tuned` is False; the others get defaults.
 
+    `constant_inputs` binds graph inputs to values when the model is built: they become constants and are
+    no longer inputs of the compiled model (needed where an input's value decides a shape, e.g. the axes
+    of a ReduceSum or the shape of a Reshape).
+
     `progress` is called with the name of each stage as it starts.
     """
     spec = resolve_target(target)
     progress("loading the model")
     proto = model_proto(model, batch)
-    inputs = frontend.bind_input_shapes(proto, batch, input_shapes)
+    constant_inputs = constant_inputs or {}
+    inputs = frontend.bind_input_shapes(proto, batch, input_shapes, constant_inputs)
     progress("importing ONNX into Relax")
-    relax_module = frontend.to_relax(proto, inputs)
+    relax_module = frontend.to_relax(proto, inputs, constant_inputs)
     progress("lowering and fusing")
     lowered = lower(relax_module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
@@ -115,7 +129,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))
     meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
-                     str(log.directory) if database else None, built.kernels_hash)
+                     str(log.directory) if database else None, built.kernels_hash,
+                     tuple(sorted(built.fallbacks.items())),
+                     tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()))
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
@@ -235,6 +251,11 @@ class CompiledModel:
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The inputs in order as contiguous arrays; raises InputError naming any mismatch."""
         expected = [spec.name for spec in self.inputs]
+        bound = [constant.spec.name for constant in self.meta.constant_inputs if constant.spec.name in inputs]
+        if bound:
+            raise InputError(f"input '{bound[0]}' was bound to a value when the model was built "
+                             f"(--constant-input), so it is no longer an input; rebuild to give another "
+                             f"value")
         unknown = sorted(set(inputs) - set(expected))
         missing = [name for name in expected if name not in inputs]
         if unknown or missing:
@@ -250,13 +271,13 @@ class CompiledModel:
             if value.dtype != np.dtype(spec.dtype):
                 raise InputError(f"input '{spec.name}' must be {spec.dtype}, got {value.dtype}; "
                                  f"convert it with .astype('{spec.dtype}')")
-            arrays.append(np.ascontiguousarray(value))
+            arrays.append(np.require(value, requirements="C"))  # ascontiguousarray makes () into (1,)
         return arrays
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Standard-normal inputs of the right shapes and dtypes."""
+        """Inputs of the right shapes and dtypes: standard-normal floats, zero integers (`sample_value`)."""
         rng = np.random.default_rng(seed)
-        return {spec.name: rng.standard_normal(spec.shape).astype(spec.dtype) for spec in self.inputs}
+        return {spec.name: sample_value(spec.shape, spec.dtype, rng) for spec in self.inputs}
 
     def benchmark(self, warmup: int = 10, repeat: int = 50) -> dict:
         """Median, min and max milliseconds of `repeat` inferences after `warmup` ones, inputs already on
@@ -294,9 +315,10 @@ class CompiledModel:
 
 
 def load(directory: str | Path, executor: str | None = None, batch: int | None = None,
-         force: bool = False) -> CompiledModel:
+         force: bool = False, constant_inputs: dict[str, np.ndarray] | None = None) -> CompiledModel:
     """Load a saved build. Refuses, unless `force`, one made by another TVM version or for another GPU
-    than this machine's; always refuses one made for another `batch` (when given): rebuild for that."""
+    than this machine's; always refuses one made for another `batch` (when given) or with other values
+    of its constant inputs (those in `constant_inputs`): rebuild for that."""
     directory = Path(directory)
     missing = [name for name in ARTIFACTS if not (directory / name).is_file()]
     if missing:
@@ -311,6 +333,7 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
         if _sha256(directory / name) != meta_json.get("digests", {}).get(name):
             raise ArtifactError(f"'{directory / name}' is corrupt or was replaced (its digest differs from "
                                 f"meta.json); rebuild the model")
+    _check_constant_inputs(directory, meta, constant_inputs or {})
     graph = KernelGraph.from_json(_read_json(directory / "graph.json"))
     plan = ExecutionPlan.from_json(_read_json(directory / "plan.json"))
     _check_plan_context(directory, plan, meta, batch, force)
@@ -325,6 +348,19 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
         raise TargetError(f"'{directory}' was built for CUDA ({meta.target.key}) and no CUDA device is "
                           f"present; rebuild with --target llvm to run on the CPU")
     return CompiledModel(library, graph, plan, constants, meta, executor)
+
+
+def _check_constant_inputs(directory: Path, meta: ModelMeta, values: dict[str, np.ndarray]) -> None:
+    """Refuse values for constant inputs that differ from those the build was made with."""
+    built = {constant.spec.name: constant for constant in meta.constant_inputs}
+    for name, value in values.items():
+        if name not in built:
+            raise ArtifactError(f"'{directory}' was built with input '{name}' as an input, not bound to a "
+                                f"value; drop --constant-input {name}=..., or rebuild with it")
+        if ConstantInput.of(name, np.asarray(value)) != built[name]:
+            raise ArtifactError(f"'{directory}' was built with another value of input '{name}' "
+                                f"({_dims(built[name].spec.shape)} {built[name].spec.dtype}); rebuild with "
+                                f"--constant-input {name}=FILE.npy")
 
 
 def _check_plan_context(directory: Path, plan: ExecutionPlan, meta: ModelMeta, batch: int | None,
@@ -343,8 +379,8 @@ def _check_plan_context(directory: Path, plan: ExecutionPlan, meta: ModelMeta, b
 
 
 def _batch(inputs: list[TensorSpec]) -> int:
-    """The batch size a build is specialized for: dim 0 of the first input (1 for a scalar input)."""
-    return inputs[0].shape[0] if inputs[0].shape else 1
+    """The batch size a build is specialized for: dim 0 of the first input (1 for a scalar input or none)."""
+    return inputs[0].shape[0] if inputs and inputs[0].shape else 1
 
 
 def _read_json(path: Path) -> dict:

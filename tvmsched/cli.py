@@ -157,6 +157,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="batch size: binds dim 0 of every input (zoo models default to 1)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:1x3x224x224",
                         help="bind the whole shape of one input (repeatable)")
+    parser.add_argument("--constant-input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="bind one input to a value when the model is built (repeatable): it becomes a "
+                             "constant, no longer an input; needed where an input's value decides a shape "
+                             "(a Reshape's shape, a ReduceSum's axes, ...)")
     parser.add_argument("--log", default=None, metavar="DIR",
                         help="the tuning log: a log directory or a folder of them by target key (default: "
                              "tuning_logs/ or $TVMSCHED_TUNING_LOGS)")
@@ -222,8 +226,10 @@ def _compiled(args):
     """Load a build directory, or compile a model with the command's flags, showing progress."""
     import tvmsched
     from tvmsched.schedule import options_for
+    constants = dict(_npy_arrays("--constant-input", args.constant_input))
     if Path(args.model).is_dir():
-        return tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force)
+        return tvmsched.load(args.model, executor=args.executor, batch=args.batch, force=args.force,
+                             constant_inputs=constants)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     with console.status("compiling") as status:
         def search_progress(stats: dict) -> None:
@@ -238,7 +244,8 @@ def _compiled(args):
                               search_progress=search_progress)
         model = tvmsched.compile(args.model, target=args.target, batch=args.batch, input_shapes=shapes,
                                  schedule=args.schedule, max_streams=args.streams, executor=args.executor,
-                                 cost=args.cost, tuning_log=args.log, tuned=not args.untuned, **options,
+                                 cost=args.cost, tuning_log=args.log, tuned=not args.untuned,
+                                 constant_inputs=constants, **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
@@ -246,7 +253,24 @@ def _compiled(args):
     console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key} "
                   f"({tuned}), {model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
+    for symbol, why in model.meta.fallbacks:
+        console.print(f"  kernel {symbol}: {why}")
     return model
+
+
+def _npy_arrays(flag: str, items: list[str]) -> list[tuple[str, np.ndarray]]:
+    """(name, array) of each NAME=FILE.npy of `flag`."""
+    arrays = []
+    for item in items:
+        name, _, file = item.partition("=")
+        if not name or not file:
+            raise InputError(f"{flag} '{item}': write NAME=FILE.npy")
+        try:
+            arrays.append((name, np.load(file)))
+        except (OSError, ValueError) as error:
+            raise InputError(f"{flag} '{item}': cannot read '{file}' as a .npy array ({error}); save it "
+                             f"with numpy.save") from error
+    return arrays
 
 
 def _build(args) -> None:
@@ -259,11 +283,7 @@ def _build(args) -> None:
 def _run(args) -> None:
     model = _compiled(args)
     inputs = model.random_inputs(args.seed)
-    for item in args.input:
-        name, _, file = item.partition("=")
-        if name not in inputs or not file:
-            raise InputError(f"--input '{item}': write NAME=FILE.npy with NAME one of {', '.join(inputs)}")
-        inputs[name] = np.load(file)
+    inputs.update(_npy_arrays("--input", args.input))
     with model:  # releases its executor's streams, events and CUDA graph (main may run in a longer process)
         outputs = model.run(inputs)
     table = Table("output", "shape", "dtype", "min", "max", "mean", "argmax (first row)")
@@ -328,6 +348,7 @@ def _tune(args) -> None:
     spec = resolve_target(args.target)
     log = TuningLog.for_target(spec, args.log)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
+    constants = dict(_npy_arrays("--constant-input", args.constant_input))
     started = time.monotonic()  # the budget covers lowering too
     options = TuneOptions(trials=args.trials, search=args.search,
                           population=args.population, generations=args.generations,
@@ -337,8 +358,8 @@ def _tune(args) -> None:
     for name in names:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
-            modules.append(lower(frontend.to_relax(proto, frontend.bind_input_shapes(proto, args.batch,
-                                                                                      shapes))))
+            inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
+            modules.append(lower(frontend.to_relax(proto, inputs, constants)))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:

@@ -8,7 +8,8 @@ streams would share it (a race), and a CUDA Graph would keep addresses the pool 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
@@ -18,17 +19,41 @@ from tvm.s_tir import dlight
 from tvmsched.errors import GraphError
 from tvmsched.target import TargetSpec
 
+GPU_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")  # dlight's, in the order tried
+
+
+def schedule_candidates(function: tvm.tirx.PrimFunc, spec: TargetSpec, notes: list[str]):
+    """The schedules a kernel may compile with, best first, as (rule, scheduled function): on a GPU each
+    dlight rule of GPU_RULES that applies (a rule that raises is noted in `notes` and skipped); on the CPU
+    the kernel as it is."""
+    if spec.kind != "cuda":
+        yield "unscheduled", function
+        return
+    target = spec.tvm_target
+    for rule in GPU_RULES:
+        try:
+            with target:
+                space = getattr(dlight.gpu, rule)().apply(function, target, False)
+        except Exception as error:  # noqa: BLE001  (a rule's failure is any exception; the next rule runs)
+            notes.append(f"{rule} failed ({type(error).__name__}: {_first_line(error)})")
+            continue
+        if space is not None:
+            schedule = space[0] if isinstance(space, list) else space
+            yield rule, schedule.mod["main"].with_attr("tirx.is_scheduled", True)
+
 
 def default_schedules(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.IRModule:
-    """Give every unscheduled GPU kernel dlight's default schedule; CPU kernels compile as they are. dlight
-    replaces the functions of the module it is given, so it gets a copy: `kernels` stays as it was."""
-    if spec.kind != "cuda":
-        return kernels
-    gpu = dlight.gpu
-    with spec.tvm_target:
-        return dlight.ApplyDefaultSchedule(gpu.Matmul(), gpu.GEMV(), gpu.Reduction(), gpu.GeneralReduction(),
-                                           gpu.Fallback())(tvm.IRModule(dict(kernels.functions),
-                                                                        attrs=kernels.attrs))
+    """Every unscheduled kernel of `kernels` with the first schedule of `schedule_candidates` (dlight's
+    default on a GPU), other functions as they are; `kernels` itself stays as it was."""
+    functions = dict(kernels.functions)
+    for global_var, function in kernels.functions.items():
+        if isinstance(function, tvm.tirx.PrimFunc) and not function.attrs.get("tirx.is_scheduled", False):
+            candidate = next(schedule_candidates(function, spec, []), None)
+            if candidate is None:
+                raise GraphError(f"kernel '{global_var.name_hint}' has no default schedule: every dlight "
+                                 f"rule failed on it")
+            functions[global_var] = candidate[1]
+    return tvm.IRModule(functions, attrs=kernels.attrs)
 
 
 def tuned_schedules(kernels: tvm.IRModule, spec: TargetSpec, database,
@@ -59,27 +84,87 @@ Workspace = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each sc
 @dataclass(frozen=True)
 class Library:
     """The compiled kernels, callable by symbol (`executable[symbol](*inputs, *outputs, *workspace)`), the
-    symbols whose schedules came from the tuning database, the workspace of each symbol that has one, and
-    a content hash of the scheduled kernels."""
+    symbols whose schedules came from the tuning database, the workspace of each symbol that has one, a
+    content hash of the scheduled kernels, and for each kernel whose first schedule failed, what failed
+    and which schedule it runs instead."""
 
     executable: tvm.runtime.Executable
     tuned: list[str]
     workspace: dict[str, Workspace]
     kernels_hash: str  # of the scheduled kernels: measured latencies hold for this build only
+    fallbacks: dict[str, str] = field(default_factory=dict)
 
 
 def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
                   keep_default: frozenset[str] = frozenset()) -> Library:
     """One library with every kernel, scheduled from `database` (all but the symbols in `keep_default`)
-    where it has a record, else by dlight, with its scratch memory hoisted (`hoist_workspace`)."""
-    tuned: list[str] = []
-    if database is not None:
-        kernels, tuned = tuned_schedules(kernels, spec, database, keep_default)
-    kernels, workspace = hoist_workspace(default_schedules(kernels, spec))
-    executable = tvm.compile(kernels, target=spec.tvm_target)
+    where it has a record, else by dlight, with its scratch memory hoisted (`hoist_workspace`).
+
+    A kernel whose schedule fails (a dlight rule that raises, or a schedule that does not compile) takes
+    the next one of `schedule_candidates`; it is reported in `fallbacks`, and only a kernel left with no
+    schedule that compiles fails the build."""
+    tuned = tuned_schedules(kernels, spec, database, keep_default)[0] if database is not None else kernels
+    choices = {global_var.name_hint: _KernelChoice(function, tuned[global_var], spec)
+               for global_var, function in kernels.functions.items()}
+    while True:
+        module, workspace = hoist_workspace(tvm.IRModule(
+            {kernels.get_global_var(symbol): choice.function for symbol, choice in choices.items()},
+            attrs=kernels.attrs))
+        try:
+            executable = tvm.compile(module, target=spec.tvm_target)
+            break
+        except Exception as error:  # noqa: BLE001  (TVM's passes raise many types; found per kernel below)
+            failing = {symbol: failure for symbol in choices
+                       if (failure := _compile_error(module, symbol, spec)) is not None}
+            if not failing:
+                raise error
+            for symbol, failure in failing.items():
+                choices[symbol].next(failure)
     if spec.kind == "cuda":
-        _check_no_pooled_workspace(executable, [global_var.name_hint for global_var in kernels.functions])
-    return Library(executable, tuned, workspace, f"{tvm_ffi.structural_hash(kernels) & (2**64 - 1):016x}")
+        _check_no_pooled_workspace(executable, list(choices))
+    fallbacks = {symbol: choice.report for symbol, choice in choices.items() if choice.notes}
+    return Library(executable, sorted(symbol for symbol, choice in choices.items() if choice.rule == "tuned"),
+                   workspace, f"{tvm_ffi.structural_hash(module) & (2**64 - 1):016x}", fallbacks)
+
+
+class _KernelChoice:
+    """The schedule a kernel compiles with: its tuned one if any, else the first of `schedule_candidates`;
+    `next` moves on to the following one after a failure, noting why."""
+
+    def __init__(self, function: tvm.tirx.PrimFunc, tuned: tvm.tirx.PrimFunc, spec: TargetSpec):
+        self.symbol = function.attrs["global_symbol"]
+        self.notes: list[str] = []
+        scheduled = tuned.attrs.get("tirx.is_scheduled", False)
+        self.candidates = itertools.chain([("tuned", tuned)] if scheduled else [],
+                                          schedule_candidates(function, spec, self.notes))
+        self.next()
+
+    def next(self, failure: str | None = None) -> None:
+        if failure is not None:
+            self.notes.append(f"{self.rule} did not compile ({failure})")
+        candidate = next(self.candidates, None)
+        if candidate is None:
+            raise GraphError(f"kernel '{self.symbol}' cannot be compiled with any schedule: "
+                             f"{'; '.join(self.notes)}")
+        self.rule, self.function = candidate
+
+    @property
+    def report(self) -> str:
+        return f"{'; '.join(self.notes)}; runs the {self.rule} schedule"
+
+
+def _compile_error(module: tvm.IRModule, symbol: str, spec: TargetSpec) -> str | None:
+    """Why the kernel `symbol` of `module` does not compile on its own, or None where it does."""
+    try:
+        tvm.compile(tvm.IRModule({module.get_global_var(symbol): module[symbol]}), target=spec.tvm_target)
+    except Exception as error:  # noqa: BLE001
+        return f"{type(error).__name__}: {_first_line(error)}"
+    return None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[-1] if text else type(error).__name__)[:200]
 
 
 def hoist_workspace(kernels: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, Workspace]]:

@@ -20,6 +20,14 @@ class ShapeBindingError(TvmschedError):
     """An input shape is dynamic and not bound, or a requested binding does not fit the model."""
 
 
+class ConstantInputRequired(ShapeBindingError):
+    """A graph input's value decides a shape (or an axis), so it must be bound when the model is built."""
+
+    def __init__(self, message: str, inputs: tuple[str, ...]):
+        super().__init__(message)
+        self.inputs = inputs
+
+
 class InputError(TvmschedError):
     """Inputs given to a compiled model do not match its input names, shapes or dtypes."""
 

@@ -1,7 +1,9 @@
-"""ONNX → Relax: load a model, check its operators, bind input shapes, import it with weights as constants."""
+"""ONNX → Relax: load a model, check its operators, bind input shapes (and the values of constant inputs),
+fold its shape computations, import it with weights as constants."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import onnx
 from onnx import helper
 
 from tvmsched.errors import ModelLoadError, ShapeBindingError, UnsupportedOperator
+from tvmsched.fold import check_value_inputs, fold_shapes
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,26 @@ class TensorSpec:
         return cls(data["name"], tuple(data["shape"]), data["dtype"])
 
 
+@dataclass(frozen=True)
+class ConstantInput:
+    """A graph input bound to a value when the model was built: its spec and the SHA-256 of the value."""
+
+    spec: TensorSpec
+    sha256: str
+
+    @classmethod
+    def of(cls, name: str, value: np.ndarray) -> ConstantInput:
+        digest = hashlib.sha256(value.tobytes()).hexdigest()  # the bytes in C order, whatever the layout
+        return cls(TensorSpec(name, value.shape, str(value.dtype)), digest)
+
+    def to_json(self) -> dict:
+        return {**self.spec.to_json(), "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ConstantInput:
+        return cls(TensorSpec.from_json(data), data["sha256"])
+
+
 def load_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
     """Return `model` as a checked ModelProto, reading it from a file if given a path."""
     if isinstance(model, onnx.ModelProto):
@@ -42,8 +65,8 @@ def load_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
         except Exception as error:  # protobuf raises several unrelated types
             raise ModelLoadError(f"'{path}' is not a readable ONNX model ({error}); "
                                  f"re-export it or check that the file is complete") from error
-    try:
-        onnx.checker.check_model(proto)
+    try:  # by path where there is one: the checker serializes a proto, which protobuf caps at 2 GB
+        onnx.checker.check_model(proto if isinstance(model, onnx.ModelProto) else str(model))
     except onnx.checker.ValidationError as error:
         first_line = str(error).strip().splitlines()[0]
         raise ModelLoadError(f"the ONNX model is invalid: {first_line}; re-export it with a "
@@ -87,25 +110,63 @@ def default_opset(proto: onnx.ModelProto) -> int:
 
 
 def bind_input_shapes(proto: onnx.ModelProto, batch: int | None = None,
-                      input_shapes: dict[str, tuple[int, ...]] | None = None) -> list[TensorSpec]:
-    """Static shapes for every input: `input_shapes` first, else `batch` for dim 0, else the file's dims."""
+                      input_shapes: dict[str, tuple[int, ...]] | None = None,
+                      constant_inputs: dict[str, np.ndarray] | None = None) -> list[TensorSpec]:
+    """Static shapes for every input that `constant_inputs` does not bind to a value: `input_shapes` first,
+    else `batch` for dim 0, else the file's dims."""
     input_shapes = dict(input_shapes or {})
+    constant_inputs = constant_inputs or {}
     inputs = graph_inputs(proto)
     names = [value.name for value in inputs]
-    unknown = sorted(set(input_shapes) - set(names))
-    if unknown:
-        raise ShapeBindingError(f"--input-shape names {', '.join(unknown)}, but the model's inputs "
-                                f"are {', '.join(names)}")
+    for flag, given in (("--input-shape", input_shapes), ("--constant-input", constant_inputs)):
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ShapeBindingError(f"{flag} names {', '.join(unknown)}, but the model's inputs are "
+                                    f"{', '.join(names)}")
+    both = sorted(set(input_shapes) & set(constant_inputs))
+    if both:
+        raise ShapeBindingError(f"input '{both[0]}' is given both a shape (--input-shape) and a value "
+                                f"(--constant-input); a bound value has its own shape: drop the shape")
     if batch is not None and batch < 1:
         raise ShapeBindingError(f"batch must be a positive integer, got {batch}")
-    return [_bind_one(value, batch, input_shapes.get(value.name)) for value in inputs]
+    for value in inputs:
+        if value.name in constant_inputs:
+            _check_constant(value, np.asarray(constant_inputs[value.name]))
+    return [_bind_one(value, batch, input_shapes.get(value.name)) for value in inputs
+            if value.name not in constant_inputs]
 
 
-def _bind_one(value: onnx.ValueInfoProto, batch: int | None, override: tuple[int, ...] | None) -> TensorSpec:
+def _declared(value: onnx.ValueInfoProto) -> tuple[str, list]:
+    """The dtype and dims (ints, else the dim's name or '?') a graph input declares."""
+    if not value.type.HasField("tensor_type"):
+        kind = (value.type.WhichOneof("value") or "untyped").removesuffix("_type")
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ShapeBindingError(f"input '{value.name}' is {article} {kind} value, not a tensor; tvmsched "
+                                f"compiles models whose inputs are tensors: export the model with tensor "
+                                f"inputs")
     tensor_type = value.type.tensor_type
     dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
     dims = [dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or "?")
             for dim in tensor_type.shape.dim]
+    return dtype, dims
+
+
+def _check_constant(value: onnx.ValueInfoProto, array: np.ndarray) -> None:
+    """A value bound to an input must have the input's dtype and rank, and its static dims."""
+    dtype, dims = _declared(value)
+    if array.dtype != np.dtype(dtype):
+        raise ShapeBindingError(f"the value given for input '{value.name}' is {array.dtype}, but the input "
+                                f"is {dtype}; convert it with .astype('{dtype}')")
+    fits = len(dims) == array.ndim and all(not isinstance(dim, int) or dim == size
+                                           for dim, size in zip(dims, array.shape))
+    if not fits:
+        raise ShapeBindingError(f"the value given for input '{value.name}' has shape "
+                                f"{_format(array.shape) or 'scalar'}, but the input's dims are "
+                                f"{_format(dims) or 'scalar'}; give a value of that shape")
+
+
+def _bind_one(value: onnx.ValueInfoProto, batch: int | None, override: tuple[int, ...] | None) -> TensorSpec:
+    dtype, dims = _declared(value)
     if override is not None:
         if len(override) != len(dims):
             raise ShapeBindingError(f"input '{value.name}' has rank {len(dims)} (dims {_format(dims)}), "
@@ -113,7 +174,7 @@ def _bind_one(value: onnx.ValueInfoProto, batch: int | None, override: tuple[int
         return TensorSpec(value.name, tuple(override), dtype)
     if batch is not None and dims:
         dims[0] = batch
-    unbound = [(axis, dim) for axis, dim in enumerate(dims) if not isinstance(dim, int) or dim <= 0]
+    unbound = [(axis, dim) for axis, dim in enumerate(dims) if not isinstance(dim, int) or dim < 0]
     if unbound:
         axis, dim = unbound[0]
         hint = "--batch N" if axis == 0 else f"--input-shape {value.name}:{'x'.join('N' for _ in dims)}"
@@ -138,10 +199,14 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-def to_relax(proto: onnx.ModelProto, inputs: list[TensorSpec]):
-    """Import the ONNX model into a Relax IRModule with the given static input shapes."""
+def to_relax(proto: onnx.ModelProto, inputs: list[TensorSpec],
+             constant_inputs: dict[str, np.ndarray] | None = None):
+    """Import the ONNX model into a Relax IRModule with the given static input shapes, the inputs named in
+    `constant_inputs` bound to those values, and its shape computations folded."""
     from tvmsched.importer import import_model
 
-    check_operators(proto)
-    return import_model(proto, {spec.name: list(spec.shape) for spec in inputs},
+    folded = fold_shapes(proto, {spec.name: spec.shape for spec in inputs}, constant_inputs or {})
+    check_operators(folded.proto)
+    check_value_inputs(folded)
+    return import_model(folded, {spec.name: list(spec.shape) for spec in inputs},
                         {spec.name: spec.dtype for spec in inputs}, default_opset(proto))

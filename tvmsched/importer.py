@@ -13,6 +13,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 
 from tvmsched.converters import CONVERTERS
 from tvmsched.errors import TvmschedError, UnsupportedOperator
+from tvmsched.fold import FoldedModel
 
 
 def supported_ops() -> set[str]:
@@ -26,11 +27,18 @@ def describe_node(node: onnx.NodeProto, index: int) -> str:
 
 
 class _Importer(ONNXGraphImporter):
-    """TVM's importer, converting with `CONVERTERS` first and remembering the node being converted."""
+    """TVM's importer, converting with `CONVERTERS` first and remembering the node being converted; the
+    graph's large weights are read from the model they belong to (`FoldedModel.weights`), not copied."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, weights: tuple[onnx.TensorProto, ...] = (), **kwargs):
         super().__init__(*args, **kwargs)
         self.node: onnx.NodeProto | None = None
+        self.weights = weights
+
+    def _parse_graph_initializers(self, graph) -> None:
+        super()._parse_graph_initializers(graph)
+        for tensor in self.weights:
+            self._nodes[tensor.name] = relax.const(self._parse_array(tensor))
 
     def _parse_value_proto(self, value_proto):
         if isinstance(value_proto, onnx.NodeProto):  # called once per node, before it is converted
@@ -48,10 +56,11 @@ class _Importer(ONNXGraphImporter):
         return self.bb.normalize(expr) if isinstance(expr, relax.Expr) else expr
 
 
-def import_model(proto: onnx.ModelProto, shapes: dict[str, list[int]], dtypes: dict[str, str],
+def import_model(model: FoldedModel, shapes: dict[str, list[int]], dtypes: dict[str, str],
                  opset: int) -> tvm.IRModule:
-    """The Relax module of `proto` with its inputs bound to `shapes` and `dtypes`, weights as constants."""
-    importer = _Importer(shapes, dtypes, keep_params_in_input=False)
+    """The Relax module of `model` with its inputs bound to `shapes` and `dtypes`, weights as constants."""
+    proto = model.proto
+    importer = _Importer(shapes, dtypes, keep_params_in_input=False, weights=model.weights)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # TVM prints each failing node's inputs
             return importer.from_onnx(proto.graph, opset)

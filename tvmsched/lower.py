@@ -69,12 +69,19 @@ def _constant_calls(main: relax.Function) -> list[tuple[relax.Call, list[tvm.ir.
             value = binding.value
             if isinstance(value, tvm.ir.Constant):
                 bound[binding.var.__chandle__()] = value
-            elif is_call_tir(value) and len(value.args) == 2 and isinstance(value.ty, relax.TensorType):
+            elif is_call_tir(value) and len(value.args) == 2 and _static(value.ty):
                 fields = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else [value.args[1]]
                 args = [bound.get(arg.__chandle__()) if isinstance(arg, relax.Var) else arg for arg in fields]
                 if all(isinstance(arg, tvm.ir.Constant) for arg in args):
                     calls.append((value, args))
     return calls
+
+
+def _static(ty) -> bool:
+    """Whether `ty` is a tensor type of static shape (a call without arguments may compute a tensor whose
+    shape is a symbolic variable, e.g. Range over run-time bounds: nothing to fold)."""
+    return (isinstance(ty, relax.TensorType) and ty.shape is not None
+            and all(isinstance(dim, tvm.tirx.IntImm) for dim in ty.shape.values))
 
 
 @relax.expr_functor.mutator

@@ -16,7 +16,12 @@ def register_converter(op_type: str):
         return cls
     return register
 
-
-
-# The converter modules register themselves on import (kept sorted to ease merging).
-from tvmsched.converters import attention, linear_attention, loss, normalization, softmax  # noqa: E402, F401, I001
+# Each module registers its converters when imported: one line per module, sorted.
+import tvmsched.converters.attention  # noqa: E402,F401
+import tvmsched.converters.linear_attention  # noqa: E402,F401
+import tvmsched.converters.loss  # noqa: E402,F401
+import tvmsched.converters.normalization  # noqa: E402,F401
+import tvmsched.converters.reduce  # noqa: E402,F401
+import tvmsched.converters.shape  # noqa: E402,F401
+import tvmsched.converters.softmax  # noqa: E402,F401
+import tvmsched.converters.sort  # noqa: E402,F401

@@ -26,6 +26,14 @@ class TraceEvent:
     end_ms: float
 
 
+def sample_value(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """A stand-in input: standard-normal floats; zeros for integers and booleans, which may be indices or
+    shapes that only in-range values keep valid (a gather of an index out of range faults on the GPU)."""
+    if np.dtype(dtype).kind == "f" or dtype.startswith("bfloat"):
+        return rng.standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype)
+
+
 def register_executor(name: str):
     """Class decorator: make an Executor available as `name`."""
     def register(cls: type[Executor]) -> type[Executor]:
@@ -48,6 +56,8 @@ class Executor(ABC):
 
     Every tensor lives in a device buffer made once at construction (kernel outputs in the plan's pooled
     buffers); `run` copies the inputs into their buffers, launches the kernels and copies the outputs back.
+    Input buffers start as zeros, not as whatever the allocator hands back: an executor may launch the plan
+    before the first inputs arrive (the CUDA graph's warm-up), and garbage indices would fault on the GPU.
     Constants given as numpy arrays are uploaded; ones given as tensors already on the device are shared.
     """
 
@@ -63,6 +73,7 @@ class Executor(ABC):
             for name, value in constants.items()}
         for tensor in graph.inputs:
             self.buffers[tensor.name] = tvm.runtime.empty(tensor.shape, tensor.dtype, device)
+            self.buffers[tensor.name].copyfrom(np.zeros(tensor.shape, tensor.dtype))
         pool = [tvm.runtime.empty((size,), "uint8", device) for size in plan.memory.buffer_sizes]
         for kernel in graph.kernels:
             for tensor in kernel.written:

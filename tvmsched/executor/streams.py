@@ -19,7 +19,7 @@ import numpy as np
 import tvm_ffi
 
 from tvmsched.errors import TargetError
-from tvmsched.executor.base import Executor, TraceEvent, register_executor
+from tvmsched.executor.base import Executor, TraceEvent, register_executor, sample_value
 from tvmsched.memory import MemoryPlan
 from tvmsched.plan import Launch, make_plan
 
@@ -247,10 +247,8 @@ class StageTimer(StreamsExecutor):
         self.library = library
         with self._closed_on_error():
             rng = np.random.default_rng(0)
-            for tensor in graph.inputs:  # integer inputs (indices) stay zero, always in range
-                value = (rng.standard_normal(tensor.shape) if tensor.dtype.startswith(("float", "bfloat"))
-                         else np.zeros(tensor.shape))
-                self.buffers[tensor.name].copyfrom(value.astype(tensor.dtype))
+            for tensor in graph.inputs:
+                self.buffers[tensor.name].copyfrom(sample_value(tensor.shape, tensor.dtype, rng))
             while len(self.streams) < max_groups:
                 self.streams.append(self._stream())
                 self.join_events.append(self._event(self.resources))
