@@ -19,15 +19,20 @@ def register_converter(op_type: str):
 
 # The converter modules register themselves on import (kept sorted to ease merging).
 from tvmsched.converters import (  # noqa: E402, F401
+    attention,
     axis,
     constant,
     elementwise,
+    linear_attention,
+    loss,
     nn,
+    normalization,
     quantize,
     recurrent,
     reduce,
     refused,
     resize,
     shape,
+    softmax,
     sort,
 )

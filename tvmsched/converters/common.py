@@ -62,3 +62,24 @@ def refuse(what: str, why: str) -> UnsupportedOperator:
 def take(value: relax.Expr, indices, axis: int) -> relax.Expr:
     """`value` at constant `indices` (an int drops the axis) of `axis`; TVM's default mode warns on each."""
     return relax.op.take(value, relax.const(np.asarray(indices, "int64")), axis, mode="clip")
+
+
+def constant(value, dtype: str) -> relax.Constant:
+    return relax.const(np.asarray(value).astype(dtype), dtype)
+
+
+def cast(bb: relax.BlockBuilder, expr: relax.Expr, dtype: str) -> relax.Expr:
+    """`expr` as `dtype`, typed."""
+    expr = bb.normalize(expr)
+    return expr if dtype_of(expr) == dtype else bb.normalize(relax.op.astype(expr, dtype))
+
+
+def normalize_axis(axis: int, rank: int, name: str = "axis") -> int:
+    if not -rank <= axis < rank:
+        raise refuse(f"{name}={axis}", f"out of range for an input of rank {rank}")
+    return axis % rank
+
+
+def requested_outputs(attr: dict) -> int:
+    """How many outputs the node lists (trailing optional outputs it does not use are not listed)."""
+    return attr["tvm_custom"]["num_outputs"]
