@@ -8,18 +8,21 @@ against PyTorch + CUDA Graph.
     python -m experiments.real_models check --dir /tmp/real --target llvm --out results.json
     python -m experiments.real_models check --dir /tmp/real --target cuda --out results.json --jobs 8
 
-`check` builds in `--jobs` worker processes (a crash or a hang costs one case: it is recorded as such) and
-then checks the builds one at a time, so timings run on an idle device. Rows accumulate in --out: cases it
-already holds are skipped unless --again.
+`check` builds and checks `--jobs` cases at once, each step in a process of its own (a crash or a hang
+costs one case: it is recorded as such); GPU timings take a lock, so each runs on an otherwise idle device.
+Rows accumulate in --out: cases it already holds are skipped unless --again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -76,14 +79,15 @@ def build_case(path: Path, target: str, build_dir: Path) -> dict:
 
 def check_case(path: Path, target: str, build_dir: Path, repeat: int) -> dict:
     """Run a saved build on the case's input against its reference: onnxruntime on llvm; on cuda PyTorch,
-    whose latency with a CUDA graph is measured beside tvmsched's."""
+    whose latency with a CUDA graph is measured beside tvmsched's. Checks may run in parallel; the GPU
+    timings take a lock (`_timing_alone`), so each is taken on an otherwise idle device."""
     import tvmsched
 
     name, batch = _case(path)
     model = tvmsched.load(build_dir)
     row = {}
     if target == "cuda":
-        reference, inputs, row["pytorch_cuda_graph_ms"] = _pytorch(name, batch, repeat)
+        pytorch, reference, inputs = _pytorch(name, batch)
     else:
         inputs = _onnx_inputs(model)
         reference, row["onnxruntime_ms"] = _onnxruntime(path, inputs)
@@ -93,10 +97,25 @@ def check_case(path: Path, target: str, build_dir: Path, repeat: int) -> dict:
     row["rel_diff"] = max(relative_diff(got, want) for got, want in zip(actual, reference))
     row["status"] = "wrong" if row["rel_diff"] > WRONG else "ok"
     if target == "cuda":
-        row["tvmsched_ms"] = round(model.benchmark(warmup=10, repeat=repeat)["median_ms"], 4)
+        from experiments.common import event_median_ms
+
+        with _timing_alone(build_dir.parent / ".timing.lock"):
+            row["pytorch_cuda_graph_ms"] = event_median_ms(pytorch, repeat)
+            row["tvmsched_ms"] = round(model.benchmark(warmup=10, repeat=repeat)["median_ms"], 4)
         row["speedup_vs_pytorch_cuda_graph"] = round(row["pytorch_cuda_graph_ms"] / row["tvmsched_ms"], 3)
     model.close()
     return row
+
+
+@contextlib.contextmanager
+def _timing_alone(lock: Path):
+    """Hold an exclusive lock on `lock` (shared by the check processes) for the block."""
+    with lock.open("w") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
 
 
 def _onnx_inputs(model) -> dict[str, np.ndarray]:
@@ -114,12 +133,11 @@ def _onnxruntime(path: Path, inputs: dict) -> tuple[list[np.ndarray], float]:
     return outputs, round((time.perf_counter() - start) * 1e3, 2)
 
 
-def _pytorch(name: str, batch: int, repeat: int):
-    """PyTorch's outputs on the GPU for the example input, the input by ONNX name, and the median latency
-    of PyTorch + CUDA Graph."""
+def _pytorch(name: str, batch: int):
+    """A replay of PyTorch + CUDA Graph for the network, its outputs for the example input, and that input
+    by ONNX name (fp32, TF32 off)."""
     import torch
 
-    from experiments.common import event_median_ms
     from experiments.torch_onnx import fp32_settings
     from experiments.torchvision_models import torch_network
 
@@ -139,9 +157,8 @@ def _pytorch(name: str, batch: int, repeat: int):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             module(example)
-    milliseconds = event_median_ms(graph.replay, repeat)
     input_name = "input_ids" if example.dtype == torch.int64 else "input"
-    return reference, {input_name: example.cpu().numpy()}, milliseconds
+    return graph.replay, reference, {input_name: example.cpu().numpy()}
 
 
 def _case(path: Path) -> tuple[str, int]:
@@ -189,32 +206,29 @@ def check_all(args) -> None:
                          "status": "export-failed", "error": failed.read_text()[:300], "measured": now()})
     todo = results.todo(list(cases), args.again)
     build_root = args.builds / args.target
-    rows = {}
+    written = threading.Lock()
 
-    def build(case: str) -> None:
+    def build_and_check(case: str) -> None:
         name, batch = _case(cases[case])
-        rows[case] = {"case": case, "network": name, "batch": batch, "target": args.target,
-                      "onnx_mb": round(sum(file.stat().st_size for file in args.dir.glob(f"{name}_b{batch}.*")
-                                           if file.suffix != ".export-error") / 2**20, 1)}
-        built = _build_dir(build_root, case) / "row.json"  # a build an earlier call made is reused
-        rows[case].update(json.loads(built.read_text()) if built.is_file() else _in_subprocess(
-            "build", cases[case], args.target, _build_dir(build_root, case), args.repeat, args.timeout))
-        print(f"  built {case:28s} {rows[case]['status']} {rows[case].get('error', '')}"[:200], flush=True)
-
-    with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(build, todo))
-    for case in todo:
-        row = rows[case]
+        directory = _build_dir(build_root, case)
+        row = {"case": case, "network": name, "batch": batch, "target": args.target,
+               "onnx_mb": round(sum(file.stat().st_size for file in args.dir.glob(f"{name}_b{batch}.*")
+                                    if file.suffix != ".export-error") / 2**20, 1)}
+        built = directory / "row.json"  # a build an earlier call made is reused
+        row.update(json.loads(built.read_text()) if built.is_file() else _in_subprocess(
+            "build", cases[case], args.target, directory, args.repeat, args.timeout))
         if row["status"] == "built":
-            row.update(_in_subprocess("check", cases[case], args.target, _build_dir(build_root, case),
-                                      args.repeat, args.timeout))
+            row.update(_in_subprocess("check", cases[case], args.target, directory, args.repeat, args.timeout))
         row["measured"] = now()
-        results.put(row)
-        results.write(_header(args, results.rows))
+        with written:
+            results.put(row)
+            results.write(_header(args, results.rows))
         print(f"{case:28s} {row['status']:8s} rel {row.get('rel_diff', float('nan')):.1e} "
               f"{row.get('tvmsched_ms', '')} vs {row.get('pytorch_cuda_graph_ms', '')} "
               f"{row.get('error', '')}"[:220], flush=True)
-    results.write(_header(args, results.rows))
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(build_and_check, todo))
 
 
 def _build_dir(root: Path, case: str) -> Path:
@@ -248,7 +262,7 @@ def main() -> None:
     parser.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
     parser.add_argument("--out", type=Path, help="check: the result JSON (rows accumulate)")
     parser.add_argument("--builds", type=Path, default=Path("/tmp/tvmsched-real-builds"))
-    parser.add_argument("--jobs", type=int, default=1, help="exports, or builds, at once")
+    parser.add_argument("--jobs", type=int, default=1, help="exports, or cases built and checked, at once")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per build and per check")
     parser.add_argument("--repeat", type=int, default=50, help="timed inferences per latency")
     parser.add_argument("--again", action="store_true", help="check again the cases --out holds")
