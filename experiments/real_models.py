@@ -218,7 +218,8 @@ def check_all(args) -> None:
         row.update(json.loads(built.read_text()) if built.is_file() else _in_subprocess(
             "build", cases[case], args.target, directory, args.repeat, args.timeout))
         if row["status"] == "built":
-            row.update(_in_subprocess("check", cases[case], args.target, directory, args.repeat, args.timeout))
+            row.update(_in_subprocess("check", cases[case], args.target, directory, args.repeat,
+                                      args.timeout))
         row["measured"] = now()
         with written:
             results.put(row)
