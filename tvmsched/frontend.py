@@ -219,11 +219,14 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 def to_relax(proto: onnx.ModelProto, inputs: list[TensorSpec],
              constant_inputs: dict[str, np.ndarray] | None = None):
     """Import the ONNX model into a Relax IRModule with the given static input shapes, the inputs named in
-    `constant_inputs` bound to those values, and its shape computations folded."""
+    `constant_inputs` bound to those values, its shape computations folded, and its half-precision
+    products summing in float32 (`accumulate`)."""
+    from tvmsched.accumulate import accumulate_in_float32
     from tvmsched.importer import import_model
 
     folded = fold_shapes(proto, {spec.name: spec.shape for spec in inputs}, constant_inputs or {})
     check_operators(folded.proto)
     check_value_inputs(folded)
-    return import_model(folded, {spec.name: list(spec.shape) for spec in inputs},
-                        {spec.name: spec.dtype for spec in inputs}, default_opset(proto))
+    module = import_model(folded, {spec.name: list(spec.shape) for spec in inputs},
+                          {spec.name: spec.dtype for spec in inputs}, default_opset(proto))
+    return accumulate_in_float32(module)
