@@ -7,6 +7,7 @@ against PyTorch + CUDA Graph.
     python -m experiments.real_models export --dir /tmp/real --batch 1 16          # needs torch
     python -m experiments.real_models check --dir /tmp/real --target llvm --out results.json
     python -m experiments.real_models check --dir /tmp/real --target cuda --out results.json --jobs 8
+    python -m experiments.real_models table --results results.json cpu.json   # markdown: a row per network
 
 `check` builds and checks `--jobs` cases at once, each step in a process of its own (a crash or a hang
 costs one case: it is recorded as such); GPU timings take a lock, so each runs on an otherwise idle device.
@@ -73,8 +74,23 @@ def build_case(path: Path, target: str, build_dir: Path) -> dict:
     model.save(build_dir)
     row = {"status": "built", "kernels": len(model.graph.kernels), "fallbacks": len(model.meta.fallbacks),
            "tuned_kernels": len(model.meta.tuned_kernels), "compile_s": round(time.perf_counter() - start, 1)}
-    (build_dir / "row.json").write_text(json.dumps(row))
+    (build_dir / "row.json").write_text(json.dumps({**row, "export": _export_stamp(path)}))
     return row
+
+
+def reused_build(path: Path, build_dir: Path) -> dict | None:
+    """The build fields of the saved build of this very export (same size and time), if an earlier call
+    made one."""
+    saved = build_dir / "row.json"
+    if not saved.is_file():
+        return None
+    row = json.loads(saved.read_text())
+    return row if row.pop("export", None) == _export_stamp(path) else None
+
+
+def _export_stamp(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
 
 
 def check_case(path: Path, target: str, build_dir: Path, repeat: int) -> dict:
@@ -96,6 +112,8 @@ def check_case(path: Path, target: str, build_dir: Path, repeat: int) -> dict:
     row["first_run_s"] = round(time.perf_counter() - start, 2)
     row["rel_diff"] = max(relative_diff(got, want) for got, want in zip(actual, reference))
     row["status"] = "wrong" if row["rel_diff"] > WRONG else "ok"
+    if row["status"] == "ok" and any(np.ptp(want) == 0 for want in reference):
+        row["status"] = "uninformative"  # a constant output matches whatever the network computes
     if target == "cuda":
         from experiments.common import event_median_ms
 
@@ -214,8 +232,7 @@ def check_all(args) -> None:
         row = {"case": case, "network": name, "batch": batch, "target": args.target,
                "onnx_mb": round(sum(file.stat().st_size for file in args.dir.glob(f"{name}_b{batch}.*")
                                     if file.suffix != ".export-error") / 2**20, 1)}
-        built = directory / "row.json"  # a build an earlier call made is reused
-        row.update(json.loads(built.read_text()) if built.is_file() else _in_subprocess(
+        row.update(reused_build(cases[case], directory) or _in_subprocess(
             "build", cases[case], args.target, directory, args.repeat, args.timeout))
         if row["status"] == "built":
             row.update(_in_subprocess("check", cases[case], args.target, directory, args.repeat,
@@ -249,6 +266,29 @@ def _header(args, rows: list[dict]) -> dict:
             "statuses": statuses}
 
 
+def markdown(files: list[Path]) -> str:
+    """One row per network, one column per (target, batch) of the result files: the rel. diff of an ok
+    case (with the speedup vs PyTorch + CUDA Graph on cuda), or its status."""
+    rows = [row for file in files for row in json.loads(file.read_text())["results"]]
+    columns = sorted({(row["target"], row["batch"]) for row in rows}, key=lambda key: (key[0] != "llvm", key))
+    cells = {(row["network"], row["target"], row["batch"]): row for row in rows}
+
+    def cell(row: dict | None) -> str:
+        if row is None:
+            return "not run"
+        if row["status"] != "ok":
+            return row["status"]
+        speedup = row.get("speedup_vs_pytorch_cuda_graph")
+        return f"{row['rel_diff']:.1e}" + ("" if speedup is None else f", {speedup:.2f}x")
+
+    header = ["network", *(f"{target} b{batch}" for target, batch in columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for network in sorted({row["network"] for row in rows}):
+        values = [network, *(cell(cells.get((network, *key))) for key in columns)]
+        lines.append("| " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     if sys.argv[1:2] == ["_worker"]:
         mode, path, target, build_dir, repeat = sys.argv[2:7]
@@ -256,8 +296,8 @@ def main() -> None:
         print(json.dumps(_worker(mode, Path(path), target, Path(build_dir), int(repeat))))
         return
     parser = argument_parser(__doc__)
-    parser.add_argument("mode", choices=("export", "check"))
-    parser.add_argument("--dir", type=Path, required=True, help="the ONNX exports (NAME_bBATCH.onnx)")
+    parser.add_argument("mode", choices=("export", "check", "table"))
+    parser.add_argument("--dir", type=Path, help="export, check: the ONNX exports (NAME_bBATCH.onnx)")
     parser.add_argument("--batch", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--models", nargs="+", help="only these networks (default: all)")
     parser.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
@@ -267,8 +307,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per build and per check")
     parser.add_argument("--repeat", type=int, default=50, help="timed inferences per latency")
     parser.add_argument("--again", action="store_true", help="check again the cases --out holds")
+    parser.add_argument("--results", type=Path, nargs="+", help="table: the result JSONs to tabulate")
     args = parser.parse_args()
-    if args.mode == "export":
+    if args.mode == "table":
+        if not args.results:
+            parser.error("table needs --results")
+        print(markdown(args.results), end="")
+    elif args.dir is None:
+        parser.error(f"{args.mode} needs --dir")
+    elif args.mode == "export":
         from experiments.torchvision_models import classification_networks
 
         export_all(args.dir, args.models or classification_networks(), args.batch, args.jobs)

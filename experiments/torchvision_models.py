@@ -35,7 +35,8 @@ def classification_networks() -> list[str]:
 
 def torch_network(name: str, batch: int):
     """The network `name` (a TORCHVISION key, a torchvision.models builder or `bert_base`) in eval mode with
-    random weights (seed 0; batch norms with the statistics of a trained one), and an example input."""
+    random weights (seed 0; batch norms with the statistics of a trained one; no weight all zero, so that
+    every output depends on the input), and an example input."""
     import torch
 
     torch.manual_seed(0)
@@ -51,6 +52,9 @@ def torch_network(name: str, batch: int):
         options = {"aux_logits": False, "init_weights": False, **options}
     module = torchvision.models.get_model(builder, weights=None, **options).eval()
     with torch.no_grad():  # batch norms as after training, not identities: outputs that tell errors apart
+        for name, parameter in module.named_parameters():  # a weight set to zero (ViT's head) drawn anew
+            if name.endswith("weight") and not parameter.any():
+                parameter.normal_(0, 0.02)
         for layer in module.modules():
             if isinstance(layer, torch.nn.BatchNorm2d):
                 for tensor, low, high in ((layer.running_mean, -0.1, 0.1), (layer.running_var, 0.5, 1.5),

@@ -52,3 +52,44 @@ def test_the_table_rounds_dp_speedup_once():
                                                  "tvmsched_dp": {"median_ms": 10.0641, "matches": True}},
            "best_peer": {"system": "pytorch_cuda_graph", "median_ms": 6.6887, "dp_speedup": 0.665}}
     assert markdown([row]).splitlines()[-1].endswith("| 0.66x (pytorch_cuda_graph) |")  # 0.6646, not 0.665
+
+
+def test_a_saved_build_is_reused_only_for_the_export_it_was_built_from(tmp_path):
+    """A network exported again (e.g. with new weights) is built again, not checked against its old build."""
+    import os
+
+    import numpy as np
+    from onnx import helper, numpy_helper, save
+
+    from experiments.real_models import build_case, reused_build
+
+    def export(scale: float) -> None:
+        weight = numpy_helper.from_array(np.full((4, 4), scale, "float32"), "w")
+        graph = helper.make_graph([helper.make_node("MatMul", ["input", "w"], ["output"])], "tiny",
+                                  [helper.make_tensor_value_info("input", 1, [1, 4])],
+                                  [helper.make_tensor_value_info("output", 1, [1, 4])], [weight])
+        save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+    path, build = tmp_path / "tiny_b1.onnx", tmp_path / "build"
+    export(0.0)
+    row = build_case(path, "llvm", build)
+    assert row["status"] == "built" and reused_build(path, build) == row
+    export(1.0)
+    os.utime(path, ns=(1, 1))
+    assert reused_build(path, build) is None
+
+
+def test_the_models_table_has_a_row_per_network_and_a_column_per_target_and_batch(tmp_path):
+    from experiments.real_models import markdown
+
+    rows = {"llvm": [{"network": "resnet", "target": "llvm", "batch": 1, "status": "ok", "rel_diff": 2e-6}],
+            "cuda": [{"network": "resnet", "target": "cuda", "batch": 16, "status": "ok", "rel_diff": 1e-6,
+                      "speedup_vs_pytorch_cuda_graph": 0.5},
+                     {"network": "vit", "target": "cuda", "batch": 16, "status": "refused"}]}
+    files = []
+    for target, results in rows.items():
+        files.append(tmp_path / f"{target}.json")
+        files[-1].write_text(json.dumps({"results": results}))
+    assert markdown(files).splitlines() == [
+        "| network | llvm b1 | cuda b16 |", "| --- | --- | --- |",
+        "| resnet | 2.0e-06 | 1.0e-06, 0.50x |", "| vit | not run | refused |"]

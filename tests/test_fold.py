@@ -150,6 +150,37 @@ def test_an_input_whose_value_decides_a_shape_is_refused_by_name():
     np.testing.assert_array_equal(compiled(x), np.maximum(x, 0).reshape(3, 2))
 
 
+@pytest.mark.parametrize("op, opset, attrs", [("CumProd", 26, {}), ("Trilu", 14, {"upper": 0})])
+def test_an_axis_or_diagonal_given_as_an_input_is_bound_by_name(op, opset, attrs):
+    """CumProd's axis and Trilu's k decide the computation, not a shape; they too are named for binding."""
+    nodes = [helper.make_node(op, ["x", "k"], ["y"], name="n", **attrs)]
+    model = make_model(nodes, [tensor("x", [3, 4]), tensor("k", [], TensorProto.INT64)],
+                       [tensor("y", [3, 4])], {}, opset=opset)
+    with pytest.raises(ConstantInputRequired, match=rf"node 'n' \({op}\) needs the value of its input 'k'"):
+        tvmsched.compile(model, target="llvm")
+    x, k = RNG.standard_normal((3, 4)).astype("float32"), np.array(1, "int64")
+    expected = np.cumprod(x, axis=1) if op == "CumProd" else np.tril(x, 1)
+    got = tvmsched.compile(model, target="llvm", constant_inputs={"k": k})(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_an_if_on_a_graph_input_is_bound_by_name_and_then_takes_one_branch():
+    branch = {name: helper.make_graph([helper.make_node(op, ["x"], [f"{name}_y"])], name, [],
+                                      [tensor(f"{name}_y", [2])])
+              for name, op in (("then", "Relu"), ("else", "Neg"))}
+    nodes = [helper.make_node("If", ["flag"], ["y"], name="choose", then_branch=branch["then"],
+                              else_branch=branch["else"])]
+    model = make_model(nodes, [tensor("x", [2]), tensor("flag", [], TensorProto.BOOL)], [tensor("y", [2])],
+                       {})
+    message = r"node 'choose' \(If\) needs the value of its input 'flag'"
+    with pytest.raises(ConstantInputRequired, match=message):
+        tvmsched.compile(model, target="llvm")
+    x = np.array([-1.0, 2.0], "float32")
+    for flag, expected in ((True, [0.0, 2.0]), (False, [1.0, -2.0])):
+        compiled = tvmsched.compile(model, target="llvm", constant_inputs={"flag": np.array(flag)})
+        np.testing.assert_array_equal(compiled(x), expected)
+
+
 def test_a_shape_known_only_at_run_time_is_left_to_the_importer():
     """A Reshape whose shape reads the shape of NonZero's output (data-dependent): no input to bind."""
     nodes = [helper.make_node("NonZero", ["x"], ["where"]), helper.make_node("Shape", ["where"], ["shape"]),

@@ -130,9 +130,10 @@ def branch(name: str, op: str):
 ])
 def test_what_the_kernel_graph_cannot_hold_is_named_without_relax_terms(monkeypatch, nodes, inputs, output,
                                                                         message):
-    """The last line of defence behind the import's refusals (switched off here)."""
+    """The last line of defence behind the fold's and the import's refusals (switched off here)."""
     import tvmsched.importer
 
     monkeypatch.setattr(tvmsched.importer, "check_static_output", lambda *args: None)
+    monkeypatch.setattr(tvmsched.frontend, "check_value_inputs", lambda folded: None)
     with pytest.raises(GraphError, match=re.escape(message)):
         graph_of(make_model(nodes, inputs, [output], {}))

@@ -26,13 +26,13 @@ from tvmsched.errors import ConstantInputRequired, ShapeBindingError
 WEIGHT_LIMIT = 8192  # elements; as onnxscript's own limit on the inputs of a node it folds
 _REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
-# The inputs of each op whose value decides an output shape or an axis (or that TVM's converter reads as
-# a constant): with static shapes they must be constants once the graph is folded.
+# The inputs of each op whose value decides an output shape, an axis or a branch (or that TVM's converter
+# reads as a constant): with static shapes they must be constants once the graph is folded.
 VALUE_INPUTS: dict[str, tuple[int, ...]] = {
-    "CenterCropPad": (1,), "Col2Im": (1, 2), "ConstantOfShape": (0,), "CumSum": (1,), "Expand": (1,),
-    "OneHot": (1,), "Pad": (1, 2, 3), "Range": (0, 1, 2), "Reshape": (1,), "Resize": (2, 3),
-    "Slice": (1, 2, 3, 4), "Split": (1,), "Squeeze": (1,), "Tile": (1,), "TopK": (1,), "Unsqueeze": (1,),
-    "Upsample": (1,), **{op: (1,) for op in _REDUCE_OPS}}
+    "AffineGrid": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2), "ConstantOfShape": (0,), "CumProd": (1,),
+    "CumSum": (1,), "Expand": (1,), "If": (0,), "OneHot": (1,), "Pad": (1, 2, 3), "Range": (0, 1, 2),
+    "Reshape": (1,), "Resize": (1, 2, 3), "Slice": (1, 2, 3, 4), "Split": (1,), "Squeeze": (1,), "Tile": (1,),
+    "TopK": (1,), "Trilu": (1,), "Unsqueeze": (1,), "Upsample": (1,), **{op: (1,) for op in _REDUCE_OPS}}
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def check_value_inputs(model: FoldedModel) -> None:
     inputs = tuple(dict.fromkeys(source for *_, sources in found for source in sources))
     raise ConstantInputRequired(
         f"{describe_node(node, index)} needs the value of its input '{name}' when the model is built (it "
-        f"decides a shape or an axis), but {_values_of(inputs)} only known at run time; "
+        f"decides a shape, an axis or a branch), but {_values_of(inputs)} only known at run time; "
         f"{bind_values_fix(inputs)}", inputs)
 
 
