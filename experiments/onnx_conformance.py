@@ -257,18 +257,26 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def markdown_table(summary: dict, rows: list[dict]) -> str:
-    """The per-op table for docs: cases, passes, and the first refusal or failure of each op."""
+    """The per-op table for docs: cases, passes, and why tvmsched does not pass a case of the op (one that
+    onnxruntime passes, if any): the error's reason, without the node's name and the fix."""
     first_problem = {}
-    for row in rows:
+    for row in sorted(rows, key=lambda row: row["onnxruntime"] != "pass"):
         if row["tvmsched"] != "pass" and row["op"] not in first_problem:
-            first_problem[row["op"]] = f"{row['tvmsched']}: {row.get('tvmsched_error', '')}"
-    lines = ["| op | cases | tvmsched pass | onnxruntime pass | both | wrong | first problem |",
+            first_problem[row["op"]] = f"{row['tvmsched']}: {_reason(row.get('tvmsched_error', ''))}"
+    lines = ["| op | cases | tvmsched pass | onnxruntime pass | both | wrong | why not |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for op, stats in summary["per_op"].items():
-        problem = first_problem.get(op, "").replace("|", "\\|")[:160]
+        problem = first_problem.get(op, "").replace("|", "\\|")[:200]
         lines.append(f"| {op} | {stats['cases']} | {stats['tvmsched_pass']} | {stats['onnxruntime_pass']} | "
                      f"{stats['both_pass']} | {stats['wrong']} | {problem} |")
     return "\n".join(lines) + "\n"
+
+
+def _reason(error: str) -> str:
+    """`UnsupportedOperator: node '#0' (Op) (opset 9): it does X; do Y` → `it does X`."""
+    error = re.sub(r"^\w+: ", "", error)
+    error = re.sub(r"^node '[^']*' (\(\w+\)( \(opset \d+\))?:? )?", "", error)
+    return error.split("; ")[0]
 
 
 def main() -> None:
