@@ -30,10 +30,11 @@ def own_tuning_logs(tmp_path_factory):
 @pytest.fixture
 def fake_cuda(monkeypatch) -> FakeCudart:
     """The CUDA executors on the CPU (a CPU device passes for a CUDA one) over a stand-in cudart."""
+    from tvmsched import cuda
     from tvmsched.executor import streams
 
     fake = FakeCudart()
-    monkeypatch.setattr(streams, "_cudart", lambda: fake)
+    monkeypatch.setattr(cuda, "runtime", lambda: fake)
     monkeypatch.setattr(streams, "_check_cuda_device", lambda device, executor: None)
     return fake
 

@@ -2,7 +2,8 @@
 
 Handles are numbers. It records each stream, event, graph and graph executable made and destroyed, refuses
 (as CUDA does) a call with a handle that is not live, such as a second destroy, and makes the call numbered
-`fail_at` fail. Destroys never fail and are not numbered. Every event's elapsed time is 1 ms.
+`fail_at` fail. Destroys never fail and are not numbered. Every event's elapsed time is 1 ms, unless a test
+sets `elapsed` to an iterator of the times to read in turn; `launched` counts graph launches.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import Counter
+from collections.abc import Iterator
 
 
 class cudaError_t(enum.IntEnum):
@@ -37,6 +39,8 @@ class FakeCudart:
         self.made: Counter[str] = Counter()
         self.destroyed: Counter[str] = Counter()
         self.refused: list[tuple[str, int]] = []  # (kind, handle) of calls with a handle not live
+        self.elapsed: Iterator[float] = itertools.repeat(1.0)
+        self.launched = 0
         self._handles = itertools.count(1)
 
     def cudaGetErrorName(self, error):
@@ -85,10 +89,11 @@ class FakeCudart:
         return self._call(("stream", stream)),
 
     def cudaGraphLaunch(self, graph_exec, stream):
+        self.launched += 1
         return self._call(("graph_exec", graph_exec), ("stream", stream)),
 
     def cudaEventElapsedTime(self, start, end):
-        return self._call(("event", start), ("event", end)), 1.0
+        return self._call(("event", start), ("event", end)), next(self.elapsed)
 
     def _call(self, *handles: tuple[str, int]) -> cudaError_t:
         """This call's error: a handle that is not live, or the failure asked for."""

@@ -12,7 +12,7 @@ from onnx import helper
 
 import tvmsched
 from tvmsched.api import ARTIFACTS
-from tvmsched.cost.measured import MeasuredCost
+from tvmsched.cost.measured import MeasuredCost, cache_key
 from tvmsched.errors import ArtifactError, InputError, TargetError
 from tvmsched.executor.streams import StageTimer
 from tvmsched.schedule import SCHEDULERS
@@ -140,15 +140,16 @@ def test_reschedule_closes_its_plan_timer_also_when_the_search_is_interrupted(br
     event and graph the timer and its timed plans made is destroyed once, and the measurements saved."""
     model = tvmsched.compile(branchy_model, target="llvm", batch=1)
     caches = iter(tmp_path / f"costs{index}.json" for index in range(2))
+    key = cache_key(model.graph, model.plan.context, model.meta.kernels_hash)
 
     def measured_cost(name, max_streams):  # what cost_model makes on a GPU
-        timer = StageTimer(model.library, model.graph, model.plan, model.constants, tvm.cpu(), max_streams)
-        return MeasuredCost(model.graph, timer, "branchy", next(caches))
+        return MeasuredCost.on_device(model.library, model.graph, model.plan, model.constants, tvm.cpu(),
+                                      model.meta.kernels_hash, max_streams, next(caches))
 
     monkeypatch.setattr(model, "cost_model", measured_cost)
     assert model.reschedule("dp", max_streams=3).plan.schedule["plan_ms"] == 1.0  # timed by the stand-in
     assert fake_cuda.made["graph_exec"] > 1 and fake_cuda.made == fake_cuda.destroyed
-    assert json.loads((tmp_path / "costs0.json").read_text())["branchy"]
+    assert json.loads((tmp_path / "costs0.json").read_text())[key]
 
     def interrupted(timer, order):
         raise KeyboardInterrupt  # Ctrl-C while dp times whole plans
@@ -157,7 +158,7 @@ def test_reschedule_closes_its_plan_timer_also_when_the_search_is_interrupted(br
     with pytest.raises(KeyboardInterrupt):
         model.reschedule("dp", max_streams=3)
     assert fake_cuda.made == fake_cuda.destroyed and not fake_cuda.refused
-    assert json.loads((tmp_path / "costs1.json").read_text())["branchy"]  # the stages timed before
+    assert json.loads((tmp_path / "costs1.json").read_text())[key]  # the stages timed before
 
 
 def fake_cuda_model(branchy_model, executor: str) -> tvmsched.CompiledModel:
@@ -217,6 +218,20 @@ def test_close_waits_for_a_call_in_progress(branchy_model, fake_cuda):
     close.join()
     np.testing.assert_array_equal(results[0], expected)
     assert fake_cuda.made == fake_cuda.destroyed and not fake_cuda.refused
+
+
+def test_exclusive_use_of_the_executor_holds_off_calls_from_other_threads(branchy_model):
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1)
+    x = np.random.default_rng(8).standard_normal((1, 3, 8, 8)).astype("float32")
+    results = []
+    with model.exclusive() as executor:
+        assert executor is model.executor
+        call = threading.Thread(target=lambda: results.append(model(x)))
+        call.start()
+        call.join(0.2)
+        assert call.is_alive() and not results
+    call.join()
+    np.testing.assert_array_equal(results[0], model(x))
 
 
 def test_load_refuses_another_batch(branchy_model, tmp_path):

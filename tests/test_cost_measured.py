@@ -1,12 +1,16 @@
-"""The measured cost source: measurements cached on disk; closing it (also by leaving a `with` block after
-an interrupted search) saves them and closes its timer, even when saving fails."""
+"""The measured cost source: measurements cached on disk under a key naming what they hold for; closing it
+(also by leaving a `with` block after an interrupted search) saves them and closes its timer, even when
+saving fails; made for a build, it owns a stage timer."""
 
 import json
 
 import pytest
+import tvm
 from synthetic import random_graph
 
-from tvmsched.cost.measured import MeasuredCost
+import tvmsched
+from tvmsched.cost.measured import MeasuredCost, cache_key
+from tvmsched.executor.streams import StageTimer
 
 
 class Timer:
@@ -41,3 +45,28 @@ def test_the_timer_is_closed_when_saving_fails(tmp_path):
     with pytest.raises(OSError):
         cost.close()
     assert timer.closed == 1
+
+
+def test_the_cache_key_names_the_graph_target_batch_kernels_and_timer_version():
+    graph = random_graph(4, seed=0)
+    context = {"target": "nvidia-h100-sm90a", "device": "NVIDIA H100 80GB HBM3", "batch": 16}
+    key = cache_key(graph, context, "0123abcd")
+    # the format of the caches measured before the key moved here, so they stay valid
+    assert key == f"{graph.hash}/nvidia-h100-sm90a/batch16/kernels0123abcd/timer{StageTimer.version}"
+    others = [cache_key(random_graph(4, seed=1), context, "0123abcd"),
+              cache_key(graph, {**context, "target": "nvidia-h200-sm90a"}, "0123abcd"),
+              cache_key(graph, {**context, "batch": 1}, "0123abcd"), cache_key(graph, context, "tuned")]
+    assert len({key, *others}) == 5
+
+
+def test_a_source_for_a_build_owns_its_stage_timer_and_keys_its_cache(branchy_model, fake_cuda, tmp_path):
+    model = tvmsched.compile(branchy_model, target="llvm", batch=2)
+    path = tmp_path / "costs.json"
+    with MeasuredCost.on_device(model.library, model.graph, model.plan, model.constants, tvm.cpu(),
+                                model.meta.kernels_hash, max_groups=3, cache_path=path) as cost:
+        assert isinstance(cost.timer, StageTimer) and len(cost.timer.streams) == 3
+        assert cost.key == cache_key(model.graph, model.plan.context, model.meta.kernels_hash)
+        assert "/batch2/" in cost.key
+        assert cost.stage_latency(((0,), (1,))) == 1.0 / 5  # the stand-in's 1 ms for 5 replays
+    assert cost.timer.closed and fake_cuda.made == fake_cuda.destroyed and not fake_cuda.refused
+    assert json.loads(path.read_text()) == {cost.key: {"0|1": 0.2}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import tvm
 
-from tvmsched import frontend, zoo
+from tvmsched import frontend, measure, zoo
 from tvmsched.codegen import build_library
 from tvmsched.cost import CostModel, create_cost_model
 from tvmsched.cost.analytic import AnalyticCost
@@ -23,7 +23,6 @@ from tvmsched.cost.measured import MeasuredCost
 from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel
 from tvmsched.executor import create_executor
 from tvmsched.executor.base import sample_value
-from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import kernel_module, lower
@@ -202,12 +201,9 @@ class CompiledModel:
         if not gpu_present:
             raise TargetError("measured stage costs need this build's GPU; use cost='analytic' "
                               "(--cost analytic)")
-        timer = StageTimer(self.library, self.graph, self.plan, self.constants, device_for(self.meta.target),
-                           max_groups=max_streams)
-        # tuned and default kernels time differently, and so do timers of another version
-        key = (f"{self.graph.hash}/{self.plan.context['target']}/batch{self.plan.context['batch']}"
-               f"/kernels{self.meta.kernels_hash}/timer{StageTimer.version}")
-        return MeasuredCost(self.graph, timer, key)
+        device = device_for(self.meta.target)
+        return MeasuredCost.on_device(self.library, self.graph, self.plan, self.constants, device,
+                                      self.meta.kernels_hash, max_groups=max_streams)
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -220,11 +216,18 @@ class CompiledModel:
     @property
     def executor(self):
         """The executor, created on first use after construction or `close` (a cross-compiled build never
-        needs a device); callers hold the model's lock."""
+        needs a device); use it inside `exclusive()`."""
         if self._executor is None:
             self._executor = create_executor(self.executor_name, self.library, self.graph, self.plan,
                                              self.constants, device_for(self.meta.target))
         return self._executor
+
+    @contextmanager
+    def exclusive(self):
+        """The executor, for this block alone: runs, benchmarks, profiles and `close` in other threads wait
+        until it ends, since they share its device buffers (and timings must not overlap)."""
+        with self._lock:
+            yield self.executor
 
     def __call__(self, *args: np.ndarray, **kwargs: np.ndarray) -> np.ndarray | list[np.ndarray]:
         """Run with positional arrays, one dict of arrays, or keyword arrays; one output → one array."""
@@ -245,8 +248,8 @@ class CompiledModel:
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Run one inference; inputs by name, outputs in the model's output order."""
         arrays = self.check_inputs(inputs)
-        with self._lock:
-            return self.executor.run(arrays)
+        with self.exclusive() as executor:
+            return executor.run(arrays)
 
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The inputs in order as contiguous arrays; raises InputError naming any mismatch."""
@@ -282,14 +285,10 @@ class CompiledModel:
     def benchmark(self, warmup: int = 10, repeat: int = 50) -> dict:
         """Median, min and max milliseconds of `repeat` inferences after `warmup` ones, inputs already on
         the device (CUDA events on GPU executors with streams, the host clock otherwise)."""
-        with self._lock:
-            executor = self.executor
+        with self.exclusive() as executor:
             executor.run(self.check_inputs(self.random_inputs()))
-            executor.time_launches(warmup)
-            times = executor.time_launches(repeat)
-        return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-                "repeat": repeat, "warmup": warmup, "executor": self.executor_name,
-                "device": device_name(self.meta.target)}
+            timings = measure.benchmark(executor, warmup, repeat)
+        return {**timings, "executor": self.executor_name, "device": device_name(self.meta.target)}
 
     def profile(self, repeat: int = 50):
         """Per-kernel latencies and one inference's stream timeline (a `tvmsched.profile.Profile`)."""

@@ -1,8 +1,9 @@
 """Where the time goes: each kernel's latency with its work and share of the device's roofline, and one
 inference's timeline with a track per stream (a Chrome trace that opens in Perfetto).
 
-Kernel latencies are taken in isolation (on GPU: the kernel captured ten times into a small CUDA Graph and
-replayed, CUDA events; on CPU: the host clock), median of `repeat`. The timeline is one inference by the
+Kernel latencies are taken in isolation through `tvmsched.measure`: on GPU, the kernel captured ten times
+into a small CUDA Graph, `repeat` kernels' worth of replays timed with CUDA events, median of five rounds;
+on CPU, the host clock, median of `repeat`. The timeline is one inference by the
 model's executor with a timing event before and after each kernel on its stream: for `cuda-graph`, the
 plan's graph captured again with those events as nodes and replayed, so it shows the overlap the schedule
 achieves, plus a little event overhead; for `streams`, the same launches issued live from Python.
@@ -13,11 +14,11 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tvmsched import measure
 from tvmsched.executor.base import TraceEvent
 
 # FP32 (non-tensor-core) FLOP/s and memory bytes/s of the GPUs we profile on, by device-name substring.
@@ -123,9 +124,9 @@ def profile(model, repeat: int = 50) -> Profile:
 
     spec = model.meta.target
     benchmark_ms = model.benchmark(repeat=repeat)["median_ms"]
-    with model._lock:
-        timeline = model.executor.trace()
-        with _kernel_timer(model) as timer:
+    with model.exclusive() as executor:
+        timeline = executor.trace()
+        with _kernel_timer(model, executor) as timer:
             latencies = {kernel.id: timer(kernel.id, repeat) for kernel in model.graph.kernels}
     name = device_name(spec)
     peaks = next((peak for key, peak in PEAKS.items() if key in name), None)
@@ -143,10 +144,10 @@ def profile(model, repeat: int = 50) -> Profile:
 
 
 @contextmanager
-def _kernel_timer(model):
-    """Yields a function (kernel id, repeat) -> median milliseconds of that kernel run alone; on a GPU its
-    timer is closed when the block is left."""
-    executor = model.executor
+def _kernel_timer(model, executor):
+    """Yields a function (kernel id, repeat) -> median milliseconds of that kernel run alone: on a GPU by a
+    stage timer on the constants of the model's `executor`, closed when the block is left; else in the
+    executor's buffers by the host clock."""
     if model.meta.target.kind == "cuda":
         from tvmsched.executor.streams import StageTimer
 
@@ -160,13 +161,11 @@ def _kernel_timer(model):
     def time_kernel(kernel: int, repeat: int) -> float:
         function, arguments = executor.kernel_call(kernel)
         function(*arguments)
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
+
+        def call() -> None:
             function(*arguments)
             executor.device.sync()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+        return statistics.median(measure.host_times(call, repeat))
     yield time_kernel
 
 

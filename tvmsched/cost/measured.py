@@ -1,9 +1,10 @@
-"""The measured cost source: stage latencies timed on the GPU, cached on disk.
+"""The measured cost source: stage latencies timed on the GPU by a `StageTimer` (which times through
+`tvmsched.measure`), cached on disk.
 
-A stage is timed once per (graph hash, device, batch, stage signature): the cache file keeps every
-measurement, so a second build of the same model on the same GPU measures nothing. The cache is written
-atomically when the cost source is closed, also after an interrupted search; closing also releases the
-timer's streams and events.
+A stage is timed once per (graph hash, target, batch, scheduled kernels, timer version, stage signature):
+the cache file keeps every measurement, so a second build of the same model on the same GPU measures
+nothing. The cache is written atomically when the cost source is closed, also after an interrupted search;
+closing also releases the timer's streams and events.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import os
 from pathlib import Path
 
 from tvmsched.cost.base import CostModel, register_cost_model
+from tvmsched.executor.streams import StageTimer
 from tvmsched.graph import KernelGraph
+from tvmsched.plan import ExecutionPlan
 
 
 def default_cache_path() -> Path:
@@ -22,10 +25,18 @@ def default_cache_path() -> Path:
     return Path(root) / "stage_costs.json"
 
 
+def cache_key(graph: KernelGraph, context: dict, kernels_hash: str) -> str:
+    """What the measurements of a build are cached under: its graph, target and batch (`context`, the plan's)
+    and its scheduled kernels (tuned and default kernels time differently), and the timer's version (what a
+    timing includes)."""
+    return (f"{graph.hash}/{context['target']}/batch{context['batch']}/kernels{kernels_hash}"
+            f"/timer{StageTimer.version}")
+
+
 @register_cost_model("measured")
 class MeasuredCost(CostModel):
-    """`timer.time_stage(groups)` or `timer.time_order(order)` on a cache miss; `key` names the graph,
-    device and batch."""
+    """`timer.time_stage(groups)` or `timer.time_order(order)` on a cache miss; `key` names what the
+    measurements hold for (`cache_key`). `on_device` makes one with its timer and key."""
 
     def __init__(self, graph: KernelGraph, timer, key: str, cache_path: Path | None = None):
         super().__init__(graph)
@@ -34,6 +45,15 @@ class MeasuredCost(CostModel):
         self.cache_path = cache_path or default_cache_path()
         self.entries = _read_cache(self.cache_path).get(key, {})
         self.hits = 0
+
+    @classmethod
+    def on_device(cls, library, graph: KernelGraph, plan: ExecutionPlan, constants: dict, device,
+                  kernels_hash: str, max_groups: int = 8, cache_path: Path | None = None) -> MeasuredCost:
+        """The source for a build on `device`: a stage timer of its own (stages of up to `max_groups`
+        groups) over the build's `library` and `constants`, and the `cache_key` of its graph, its `plan`'s
+        target and batch and its scheduled kernels (`kernels_hash`)."""
+        timer = StageTimer(library, graph, plan, constants, device, max_groups=max_groups)
+        return cls(graph, timer, cache_key(graph, plan.context, kernels_hash), cache_path)
 
     def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:
         signature = "|".join(sorted(",".join(map(str, group)) for group in groups))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
+from tvmsched import measure
 from tvmsched.errors import TargetError
 from tvmsched.graph import KernelGraph
 from tvmsched.plan import ExecutionPlan
@@ -119,13 +120,10 @@ class Executor(ABC):
 
     def time_launches(self, repeat: int) -> list[float]:
         """Milliseconds of each of `repeat` inferences (host clock around launch and synchronize)."""
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
+        def inference() -> None:
             self.launch()
             self.synchronize()
-            times.append((time.perf_counter() - start) * 1e3)
-        return times
+        return measure.host_times(inference, repeat)
 
     def trace(self) -> list[TraceEvent]:
         """One inference with each kernel timed by the host clock, in plan order (waiting for each)."""

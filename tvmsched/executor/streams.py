@@ -11,35 +11,18 @@ run.
 
 from __future__ import annotations
 
-import statistics
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
 import numpy as np
 import tvm_ffi
 
+from tvmsched import cuda, measure
+from tvmsched.cuda import check
 from tvmsched.errors import TargetError
 from tvmsched.executor.base import Executor, TraceEvent, register_executor, sample_value
 from tvmsched.memory import MemoryPlan
 from tvmsched.plan import Launch, make_plan
-
-
-def _cudart():
-    try:
-        from cuda.bindings import runtime
-    except ImportError as error:
-        raise TargetError("the CUDA executors need cuda-python: pip install cuda-python") from error
-    return runtime
-
-
-def check(result):
-    """Unwrap a cuda-python call's (error, *values) result, raising on any error."""
-    cudart = _cudart()
-    error, *values = result if isinstance(result, tuple) else (result,)
-    if error != cudart.cudaError_t.cudaSuccess:
-        name = cudart.cudaGetErrorName(error)[1].decode()
-        raise TargetError(f"CUDA call failed with {name}")
-    return values[0] if len(values) == 1 else values
 
 
 def _check_cuda_device(device, executor: str) -> None:
@@ -58,17 +41,17 @@ class StreamsExecutor(Executor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.cudart = _cudart()
+        self.cudart = cuda.runtime()
         _check_cuda_device(self.device, self.name)
         self.waited_on = _waited_on(self.plan.launches)
         self.calls = {kernel.id: self.kernel_call(kernel.id) for kernel in self.graph.kernels}
         self.resources = ExitStack()  # destroys, last made first, every handle the executor owns
         self.closed = False
         with self._closed_on_error():
-            self.streams = [self._stream() for _ in range(self.plan.num_streams)]
-            self.events = {kernel: self._event(self.resources) for kernel in self.waited_on}
-            self.fork_event = self._event(self.resources)
-            self.join_events = [self._event(self.resources) for _ in self.streams[1:]]
+            self.streams = [cuda.stream(self.resources) for _ in range(self.plan.num_streams)]
+            self.events = {kernel: cuda.event(self.resources) for kernel in self.waited_on}
+            self.fork_event = cuda.event(self.resources)
+            self.join_events = [cuda.event(self.resources) for _ in self.streams[1:]]
 
     def close(self) -> None:
         """Destroy the executor's CUDA graphs, events and streams; it cannot run afterwards. A second call
@@ -91,25 +74,6 @@ class StreamsExecutor(Executor):
         if self.closed:
             raise TargetError(f"this '{self.name}' executor was closed; create a new one to run again")
         return self.streams[0]
-
-    @staticmethod
-    def _own(owner: ExitStack, created, destroy):
-        """The handle a cuda-python call `created`, destroyed with `destroy` when `owner` closes."""
-        handle = check(created)
-        owner.callback(lambda: check(destroy(handle)))
-        return handle
-
-    def _stream(self):
-        """A new non-blocking stream, owned by the executor."""
-        cudart = self.cudart
-        created = cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking)
-        return self._own(self.resources, created, cudart.cudaStreamDestroy)
-
-    def _event(self, owner: ExitStack, timing: bool = False):
-        """A new event, destroyed when `owner` closes."""
-        cudart = self.cudart
-        flags = cudart.cudaEventDefault if timing else cudart.cudaEventDisableTiming
-        return self._own(owner, cudart.cudaEventCreateWithFlags(flags), cudart.cudaEventDestroy)
 
     def issue(self, launches: tuple[Launch, ...] | None = None, timing: dict | None = None,
               origin=None) -> None:
@@ -151,14 +115,7 @@ class StreamsExecutor(Executor):
     def graph_executable(self, owner: ExitStack, launches: tuple[Launch, ...], **timing):
         """An instantiated CUDA Graph of `launches`, recorded from stream 0 (`timing`: see `issue`); the
         executable and its graph are destroyed when `owner` closes."""
-        cudart, main = self.cudart, self.main_stream
-        mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-        check(cudart.cudaStreamBeginCapture(main, mode))
-        try:
-            self.issue(launches, **timing)
-        finally:  # a capture is ended also when issuing raised; `owner` then destroys its graph at once
-            graph = self._own(owner, cudart.cudaStreamEndCapture(main), cudart.cudaGraphDestroy)
-        return self._own(owner, cudart.cudaGraphInstantiate(graph, 0), cudart.cudaGraphExecDestroy)
+        return cuda.capture(owner, self.main_stream, lambda: self.issue(launches, **timing))
 
     @contextmanager
     def captured(self, launches: tuple[Launch, ...], **timing):
@@ -177,7 +134,7 @@ class StreamsExecutor(Executor):
     def _timing_events(self, count: int):
         """`count` fresh timing events, destroyed when the block is left."""
         with ExitStack() as owner:
-            yield [self._event(owner, timing=True) for _ in range(count)]
+            yield [cuda.event(owner, timing=True) for _ in range(count)]
 
     def _timed(self, run) -> list[TraceEvent]:
         """Call `run(timing, origin)` with fresh timing events, wait, and read when each kernel ran."""
@@ -195,15 +152,7 @@ class StreamsExecutor(Executor):
 
     def time_launches(self, repeat: int) -> list[float]:
         """Milliseconds of each of `repeat` inferences, by CUDA events on stream 0."""
-        times = []
-        with self._timing_events(2) as (start, end):
-            for _ in range(repeat):
-                check(self.cudart.cudaEventRecord(start, self.main_stream))
-                self.launch()
-                check(self.cudart.cudaEventRecord(end, self.main_stream))
-                check(self.cudart.cudaEventSynchronize(end))
-                times.append(check(self.cudart.cudaEventElapsedTime(start, end)))
-        return times
+        return measure.event_times(self.main_stream, self.launch, repeat)
 
 
 @register_executor("cuda-graph")
@@ -218,14 +167,14 @@ class CudaGraphExecutor(StreamsExecutor):
             self.graph_exec = self.graph_executable(self.resources, self.plan.launches)
 
     def launch(self) -> None:
-        check(self.cudart.cudaGraphLaunch(self.graph_exec, self.main_stream))
+        cuda.launch_graph(self.graph_exec, self.main_stream)
 
     def trace(self) -> list[TraceEvent]:
         """One replay of the plan's CUDA Graph captured with timing-event nodes around each kernel."""
         def replay(timing, origin) -> None:
             with self.captured(self.plan.launches, timing=timing, origin=origin) as executable:
                 for _ in range(2):  # the first replay uploads the graph
-                    check(self.cudart.cudaGraphLaunch(executable, self.main_stream))
+                    cuda.launch_graph(executable, self.main_stream)
                     self.synchronize()
         return self._timed(replay)
 
@@ -250,16 +199,16 @@ class StageTimer(StreamsExecutor):
             for tensor in graph.inputs:
                 self.buffers[tensor.name].copyfrom(sample_value(tensor.shape, tensor.dtype, rng))
             while len(self.streams) < max_groups:
-                self.streams.append(self._stream())
-                self.join_events.append(self._event(self.resources))
+                self.streams.append(cuda.stream(self.resources))
+                self.join_events.append(cuda.event(self.resources))
             self.issue()
             self.synchronize()
-            self.start, self.end = (self._event(self.resources, timing=True) for _ in range(2))
 
     def time_stage(self, groups: tuple[tuple[int, ...], ...], replays: int = 5, rounds: int = 3) -> float:
-        """Median over `rounds` of the mean milliseconds of `replays` back-to-back replays of the stage."""
-        return self._time(tuple(Launch(kernel, stream) for stream, group in enumerate(groups)
-                                for kernel in group), replays, rounds)
+        """Median over `rounds` of the mean milliseconds of `replays` back-to-back replays of the stage
+        captured as one CUDA graph (`measure.time_captured`)."""
+        launches = tuple(Launch(kernel, stream) for stream, group in enumerate(groups) for kernel in group)
+        return measure.time_captured(self.main_stream, lambda: self.issue(launches), replays, rounds)
 
     def time_order(self, order: tuple[tuple[int, int], ...], warmup: int = 10, repeat: int = 50) -> float:
         """Median milliseconds of one inference of the plan for a (kernel, stream) issue order, taken as
@@ -271,20 +220,4 @@ class StageTimer(StreamsExecutor):
         with CudaGraphExecutor(self.library, self.graph, plan, constants, self.device) as executor:
             for tensor in self.graph.inputs:
                 executor.buffers[tensor.name].copyfrom(self.buffers[tensor.name])
-            executor.time_launches(warmup)
-            return statistics.median(executor.time_launches(repeat))
-
-    def _time(self, launches: tuple[Launch, ...], replays: int, rounds: int) -> float:
-        """Median over `rounds` of the mean milliseconds of `replays` replays of `launches` as one graph."""
-        cudart, main = self.cudart, self.main_stream
-        times = []
-        with self.captured(launches) as executable:
-            check(cudart.cudaGraphLaunch(executable, main))
-            for _ in range(rounds):
-                check(cudart.cudaEventRecord(self.start, main))
-                for _ in range(replays):
-                    check(cudart.cudaGraphLaunch(executable, main))
-                check(cudart.cudaEventRecord(self.end, main))
-                check(cudart.cudaEventSynchronize(self.end))
-                times.append(check(cudart.cudaEventElapsedTime(self.start, self.end)) / replays)
-        return sorted(times)[len(times) // 2]
+            return measure.benchmark(executor, warmup, repeat)["median_ms"]
