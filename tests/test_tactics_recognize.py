@@ -78,9 +78,11 @@ def test_conv_clip_bounds():
     [helper.make_node("Tanh", ["c"], ["y"])],  # an op no epilogue has
     [helper.make_node("Sub", ["b2", "c"], ["y"])],  # c - x: only x - c is recognized
     [helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Mul", ["r", "c"], ["y"])],  # reads x twice
+    [helper.make_node("Mul", ["c", "half"], ["y"])],  # a scalar constant, inlined into the PrimFunc
 ])
 def test_kernel_with_other_ops_is_not_recognized(nodes):
-    kernel = only_kernel(conv_model(nodes, b2=np.ones((1, 8, 1, 1), "float32")))
+    constants = {"b2": np.ones((1, 8, 1, 1), "float32"), "half": np.array(0.5, "float32")}
+    kernel = only_kernel(conv_model(nodes, **constants))
     assert len(kernel.op_kinds) > 1 and kernel.vendor_op is None
 
 

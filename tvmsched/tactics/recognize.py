@@ -24,12 +24,12 @@ from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, Matmul, VendorOp
 FLOATS = ("float32", "float16", "bfloat16")
 LAYOUTS = {"NCHW": ("OIHW", 1), "NHWC": ("OHWI", 3)}  # data layout: weight layout, channel axis
 ANCHOR_OPS = ("relax.nn.conv2d", "relax.matmul")
-# the name TVM's legalization gives an op's PrimFunc: the op's kind here, the Relax op
-EPILOGUE_OPS = {"add": ("add", relax.op.add), "subtract": ("subtract", relax.op.subtract),
-                "multiply": ("multiply", relax.op.multiply), "divide": ("divide", relax.op.divide),
-                "relu": ("relu", relax.op.nn.relu), "tir_sigmoid": ("sigmoid", relax.op.sigmoid),
-                "maximum": ("maximum", relax.op.maximum), "minimum": ("minimum", relax.op.minimum),
-                "cast": ("cast", relax.op.astype)}
+# the name TVM's legalization gives an op's PrimFunc: the op's kind here, the Relax op, its tensor inputs
+EPILOGUE_OPS = {"add": ("add", relax.op.add, 2), "subtract": ("subtract", relax.op.subtract, 2),
+                "multiply": ("multiply", relax.op.multiply, 2), "divide": ("divide", relax.op.divide, 2),
+                "relu": ("relu", relax.op.nn.relu, 1), "tir_sigmoid": ("sigmoid", relax.op.sigmoid, 1),
+                "maximum": ("maximum", relax.op.maximum, 2), "minimum": ("minimum", relax.op.minimum, 2),
+                "cast": ("cast", relax.op.astype, 1)}
 
 
 class Anchors:
@@ -172,9 +172,12 @@ class _Recognizer:
     def _identify(self, callee: tvm.ir.GlobalVar, inputs, out_type) -> str | None:
         """The op that `callee` is, by rebuilding the op its name proposes (cached per callee)."""
         if callee.name_hint not in self.identified:
-            kind, operator = EPILOGUE_OPS.get(op_name(callee.name_hint), (None, None))
+            kind, operator, arity = EPILOGUE_OPS.get(op_name(callee.name_hint), (None, None, 0))
             types = [value.ty for value in inputs]
-            rebuilt = kind and _rebuilds(self.module[callee], operator, types, out_type)
+            # a binary op with a scalar constant has it inlined (x * 0.5 is a PrimFunc of one input)
+            rebuilt = kind and len(types) == arity and (kind == "cast" or all(
+                str(ty.dtype) == str(out_type.dtype) for ty in types)) and _rebuilds(
+                    self.module[callee], operator, types, out_type)
             self.identified[callee.name_hint] = kind if rebuilt else None
         return self.identified[callee.name_hint]
 
@@ -183,11 +186,9 @@ def _rebuilds(function: tvm.tirx.PrimFunc, operator, types, out_type) -> bool:
     """Whether TVM's default legalization of Relax op `operator` on `types` gives `function`."""
     builder = relax.BlockBuilder()
     params = [relax.Var(f"input{index}", ty) for index, ty in enumerate(types)]
-    with builder.function("rebuilt", params):
-        extra = (str(out_type.dtype),) if operator is relax.op.astype else ()
-        call = builder.normalize(operator(*params, *extra))
-        legal = tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(builder, call)
-        builder.emit_func_output(legal)
+    extra = (str(out_type.dtype),) if operator is relax.op.astype else ()
+    call = builder.normalize(operator(*params, *extra))
+    legal = tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(builder, call)
     # AnnotateTIROpPattern adds op_pattern to the PrimFuncs of the module
     return is_call_tir(legal) and tvm_ffi.structural_equal(builder.get()[legal.args[0]],
                                                            function.without_attr("op_pattern"))
