@@ -393,8 +393,11 @@ def _build(args) -> None:
     model = _compiled(args)
     with _writing(args.output):
         model.save(args.output)
+    recognized = sum(kernel.vendor_op is not None for kernel in model.graph.kernels)
     console.print(f"wrote {args.output}/ (graph {model.graph.hash}, "
-                  f"{sum(tensor.nbytes for tensor in model.graph.constants) / 2**20:.1f} MiB of weights)")
+                  f"{sum(tensor.nbytes for tensor in model.graph.constants) / 2**20:.1f} MiB of weights; "
+                  f"{recognized} of {len(model.graph.kernels)} kernels a vendor library could compute, "
+                  f"not used yet)")
 
 
 def _run(args) -> None:

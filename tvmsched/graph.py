@@ -21,8 +21,9 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from tvmsched.errors import GraphError
 from tvmsched.lower import LoweredModule, is_call_tir
+from tvmsched.tactics.vendor_op import VendorOp
 
-SCHEMA = 2  # 2: kernels have workspace tensors
+SCHEMA = 3  # 2: kernels have workspace tensors; 3: and vendor ops (a graph of schema 2 has none)
 TENSOR_KINDS = ("input", "param", "constant", "kernel")
 
 
@@ -54,7 +55,8 @@ class TensorRef:
 @dataclass(frozen=True)
 class Kernel:
     """One fused kernel: the PrimFunc `symbol` applied to `inputs`, writing `outputs`, with the scratch
-    tensors of its compiled schedule in `workspace` (called as `symbol(*inputs, *outputs, *workspace)`)."""
+    tensors of its compiled schedule in `workspace` (called as `symbol(*inputs, *outputs, *workspace)`);
+    `vendor_op` says what a vendor library would compute for it, where one could."""
 
     id: int
     symbol: str
@@ -65,6 +67,7 @@ class Kernel:
     bytes: int
     op_kinds: tuple[str, ...]
     workspace: tuple[TensorRef, ...] = ()
+    vendor_op: VendorOp | None = None
 
     @property
     def written(self) -> tuple[TensorRef, ...]:
@@ -76,7 +79,8 @@ class Kernel:
                 "inputs": [tensor.to_json() for tensor in self.inputs],
                 "outputs": [tensor.to_json() for tensor in self.outputs],
                 "flops": self.flops, "bytes": self.bytes, "op_kinds": list(self.op_kinds),
-                "workspace": [tensor.to_json() for tensor in self.workspace]}
+                "workspace": [tensor.to_json() for tensor in self.workspace],
+                "vendor_op": self.vendor_op and self.vendor_op.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> Kernel:
@@ -84,7 +88,8 @@ class Kernel:
                    tuple(TensorRef.from_json(tensor) for tensor in data["inputs"]),
                    tuple(TensorRef.from_json(tensor) for tensor in data["outputs"]),
                    data["flops"], data["bytes"], tuple(data["op_kinds"]),
-                   tuple(TensorRef.from_json(tensor) for tensor in data["workspace"]))
+                   tuple(TensorRef.from_json(tensor) for tensor in data["workspace"]),
+                   data.get("vendor_op") and VendorOp.from_json(data["vendor_op"]))
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,13 @@ class KernelGraph:
 
     @cached_property
     def hash(self) -> str:
-        """Content hash of structure, shapes and kernel workloads (not constant values)."""
-        payload = json.dumps(self.to_json(), sort_keys=True).encode()
+        """Content hash of structure, shapes and kernel workloads (not constant values, nor vendor ops: they
+        follow from the workloads and constants, and plans and measurements keyed by the hash before vendor
+        ops were recognized stay valid)."""
+        data = self.to_json()
+        for kernel in data["kernels"]:
+            del kernel["vendor_op"]
+        payload = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()[:16]
 
     def with_workspace(self, workspace: dict[str, tuple[tuple[tuple[int, ...], str], ...]]) -> KernelGraph:
@@ -124,7 +134,7 @@ class KernelGraph:
 
     @classmethod
     def from_json(cls, data: dict) -> KernelGraph:
-        if data.get("schema") != SCHEMA:
+        if data.get("schema") not in (2, SCHEMA):
             raise GraphError(f"kernel graph schema {data.get('schema')} is not {SCHEMA}; rebuild the model")
         return cls(tuple(Kernel.from_json(kernel) for kernel in data["kernels"]),
                    tuple(TensorRef.from_json(tensor) for tensor in data["inputs"]),
@@ -215,7 +225,8 @@ class _Extractor:
         workload, flops = self._function_info(symbol)
         traffic = sum(ref.nbytes for ref in inputs) + sum(ref.nbytes for ref in outputs)
         self.kernels.append(Kernel(kernel_id, symbol, workload, inputs, tuple(outputs), flops, traffic,
-                                   self.lowered.op_kinds.get(symbol, (symbol,))))
+                                   self.lowered.op_kinds.get(symbol, (symbol,)),
+                                   vendor_op=self.lowered.vendor_ops.get(symbol)))
         return outputs[0] if len(types) == 1 else tuple(outputs)
 
     def _function_info(self, symbol: str) -> tuple[str, int]:

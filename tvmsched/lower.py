@@ -1,7 +1,8 @@
 """Relax passes that turn an imported model into one `call_tir` per fused kernel.
 
 The sequence is TVM's "zero" pipeline spelled out, so that the operators inside each fused kernel can be
-recorded between FuseOps and FuseTIR (they name the kernel's `op_kinds`).
+recorded between FuseOps and FuseTIR (they name the kernel's `op_kinds`), and the kernels a vendor library
+could compute recognized there (`tactics.recognize`).
 """
 
 from __future__ import annotations
@@ -12,22 +13,30 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from tvmsched.tactics.vendor_op import VendorOp
+
 
 @dataclass(frozen=True)
 class LoweredModule:
-    """A Relax module whose `main` calls only PrimFuncs, and the operators fused into each PrimFunc."""
+    """A Relax module whose `main` calls only PrimFuncs, the operators fused into each PrimFunc, and what a
+    vendor library would compute for those it could."""
 
     module: tvm.IRModule
     op_kinds: dict[str, tuple[str, ...]]
+    vendor_ops: dict[str, VendorOp]
 
 
 def lower(module: tvm.IRModule) -> LoweredModule:
     """Legalize, fold constants and fuse `module`; every PrimFunc gets its global symbol."""
+    from tvmsched.tactics.recognize import Anchors, recognize
+
+    anchors = Anchors()
     module = relax.transform.DecomposeOpsForInference()(module)
-    module = relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(module))
+    module = relax.transform.LegalizeOps(anchors.legalize_map())(module)
+    module = relax.transform.AnnotateTIROpPattern()(module)
     module = tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.FuseOps()])(
         fold_constant_calls(module))
-    op_kinds = _fused_op_kinds(module)
+    op_kinds, vendor_ops = _fused_op_kinds(module), recognize(module, anchors)
     module = tvm.transform.Sequential([
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),
@@ -35,8 +44,8 @@ def lower(module: tvm.IRModule) -> LoweredModule:
     ])(module)
     for global_var, function in module.functions.items():
         if isinstance(function, tvm.tirx.PrimFunc) and global_var.name_hint not in op_kinds:
-            op_kinds[global_var.name_hint] = (_op_name(global_var.name_hint),)
-    return LoweredModule(module, op_kinds)
+            op_kinds[global_var.name_hint] = (op_name(global_var.name_hint),)
+    return LoweredModule(module, op_kinds, vendor_ops)
 
 
 def fold_constant_calls(module: tvm.IRModule) -> tvm.IRModule:
@@ -115,7 +124,7 @@ def _fused_op_kinds(module: tvm.IRModule) -> dict[str, tuple[str, ...]]:
     kinds = {}
     for global_var, function in module.functions.items():
         if isinstance(function, relax.Function) and function.attrs and "Primitive" in function.attrs:
-            kinds[global_var.name_hint] = tuple(_op_name(name) for name in _callees(function))
+            kinds[global_var.name_hint] = tuple(op_name(name) for name in _callees(function))
     return kinds
 
 
@@ -131,6 +140,6 @@ def _callees(function: relax.Function) -> list[str]:
     return callees
 
 
-def _op_name(symbol: str) -> str:
+def op_name(symbol: str) -> str:
     """`conv2d3` → `conv2d`: legalized PrimFuncs are named after their operator plus a dedup suffix."""
     return re.sub(r"(?<=[a-z_])\d+$", "", symbol)

@@ -1,0 +1,102 @@
+"""VendorOp: a fused kernel as a vendor library would be asked to compute it, as plain data.
+
+An anchor (a 2-D convolution or a matrix product) followed by an epilogue of pointwise ops, each naming the
+kernel parameters it reads by position (the kernel is called as `symbol(*inputs, *outputs)`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from tvmsched.errors import GraphError
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Conv2d:
+    """`relax.nn.conv2d`: layout NCHW (weight OIHW) or NHWC (weight OHWI); padding is (top, left, bottom,
+    right); the products are summed in `accumulate_dtype`, which is the anchor's output dtype."""
+
+    layout: str
+    data_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+    groups: int
+    dtype: str
+    accumulate_dtype: str
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """`relax.matmul` of A (..., M, K) and B (..., K, N), both row-major, their batch dimensions broadcast
+    (numpy's rules); summed in `accumulate_dtype`, the anchor's output dtype."""
+
+    a_shape: tuple[int, ...]
+    b_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    dtype: str
+    accumulate_dtype: str
+
+
+@dataclass(frozen=True)
+class EpilogueOp:
+    """One pointwise op on the value x so far, giving a value of `dtype`. `bias` adds kernel input `operand`,
+    which varies along output axis `axis` only; `residual` adds input `operand` of the output's shape;
+    `subtract`, `multiply` and `divide` (x - c, x * c, x / c) take either kind of `operand` (`axis` None:
+    of the output's shape); `clip` bounds by `bounds` (None: unbounded on that side); `relu`, `sigmoid`,
+    `silu` (x * sigmoid(x)); `cast` converts."""
+
+    kind: str
+    dtype: str
+    operand: int | None = None
+    axis: int | None = None
+    bounds: tuple[float | None, float | None] | None = None
+
+
+ANCHORS = {"conv2d": Conv2d, "matmul": Matmul}
+
+
+@dataclass(frozen=True)
+class VendorOp:
+    """The anchor on kernel inputs `data` and `weight` (A and B of a matmul), then `epilogue` in order,
+    written to the kernel parameter `output` (its one output)."""
+
+    anchor: Conv2d | Matmul
+    data: int
+    weight: int
+    epilogue: tuple[EpilogueOp, ...]
+    output: int
+
+    @property
+    def out_dtype(self) -> str:
+        return self.epilogue[-1].dtype if self.epilogue else self.anchor.accumulate_dtype
+
+    @property
+    def name(self) -> str:
+        """`conv2d+bias+relu`: the anchor's kind and the epilogue's ops."""
+        return "+".join([_kind(self.anchor), *(op.kind for op in self.epilogue)])
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "anchor": {"kind": _kind(self.anchor), **asdict(self.anchor)},
+                "data": self.data, "weight": self.weight, "output": self.output,
+                "epilogue": [asdict(op) for op in self.epilogue]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> VendorOp:
+        if data.get("schema") != SCHEMA:
+            raise GraphError(f"vendor op schema {data.get('schema')} is not {SCHEMA}; rebuild the model")
+        fields = dict(data["anchor"])
+        anchor_type = ANCHORS[fields.pop("kind")]
+        anchor = anchor_type(**{key: tuple(value) if isinstance(value, list) else value
+                                for key, value in fields.items()})
+        epilogue = tuple(EpilogueOp(**{**op, "bounds": op["bounds"] and tuple(op["bounds"])})
+                         for op in data["epilogue"])
+        return cls(anchor, data["data"], data["weight"], epilogue, data["output"])
+
+
+def _kind(anchor: Conv2d | Matmul) -> str:
+    return next(name for name, anchor_type in ANCHORS.items() if isinstance(anchor, anchor_type))
