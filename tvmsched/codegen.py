@@ -125,7 +125,8 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
     if spec.kind == "cuda":
         _check_no_pooled_workspace(executable, list(choices))
     if spec.kind != "cuda" or tvm.cuda(0).exist:
-        executable.jit()  # links the shared library now rather than at the model's first call
+        executable[next(iter(choices))]  # compiles every kernel now, not at the first call: LLVM's JIT and
+        # CUDA's linking run at the first look-up of a function
     fallbacks = {symbol: choice.report for symbol, choice in choices.items() if choice.notes}
     return Library(executable, sorted(symbol for symbol, choice in choices.items() if choice.rule == "tuned"),
                    workspace, f"{tvm_ffi.structural_hash(module) & (2**64 - 1):016x}", fallbacks)

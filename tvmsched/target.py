@@ -37,8 +37,8 @@ class TargetSpec:
 
 
 def resolve_target(name: str) -> TargetSpec:
-    """`auto` (cuda if a GPU is present, else llvm), `llvm` (this CPU), `cuda` (the local GPU, else the H100), or a
-    TVM tag such as `nvidia/nvidia-a100`."""
+    """`auto` (cuda if a GPU is present, else llvm), `llvm` (this CPU), `cuda` (the local GPU, else the
+    H100), or a TVM tag such as `nvidia/nvidia-a100`."""
     if name == "auto":
         name = "cuda" if tvm.cuda(0).exist else "llvm"
     if name == "llvm":  # this CPU's instructions (without an mcpu, LLVM emits SSE2 alone on x86-64)
