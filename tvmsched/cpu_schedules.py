@@ -20,7 +20,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr, get_root_b
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target.codegen import llvm_get_vector_width
 
-TILE = 8  # output positions per register tile: 8 accumulators of one vector each
+TILE = 16  # output positions per register tile, one vector accumulator each (measured: 4 to 32)
 PARALLEL_TASKS = 4  # per core, to even out the load
 MIN_PARALLEL = 4096  # fewer output elements than this run on one core: the pool's start costs more
 
@@ -38,21 +38,23 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     blocks = sch.get_child_blocks(get_root_block(sch))
     kinds = [get_sblock_info(sch, block).dom_kind() for block in blocks]
     reductions = [index for index, kind in enumerate(kinds) if "R" in kind]
-    if len(reductions) != 1 or not _inline_producers(sch, blocks[:reductions[0]]):
+    if len(reductions) != 1 or not _inline_producers(sch, blocks[:reductions[0]], padding=False):
         return None
     block = blocks[reductions[0]]
     axes = _gemm_axes(sch, block)
     if axes is None:
         return None
     channel, weight, weight_dim = axes
+    for producer in sch.get_producers(block):  # padding kept in memory
+        _parallel_vectorize(sch, producer, target)
     loops = sch.get_loops(block)
     kind = kinds[reductions[0]]
     spatial = [loop for loop, iter_kind in zip(loops, kind) if iter_kind == "S"]
     reduction = [loop for loop, iter_kind in zip(loops, kind) if iter_kind == "R"]
     position = [index for index in range(len(spatial)) if index != channel][-1]
     output_dim = list(kind).index("S") + channel  # output buffers are indexed by the spatial iters in order
-    lanes = _divisor(int(sch.get(spatial[channel]).extent),
-                     vector_lanes(target, sch.get(block).writes[0].source.dtype))
+    channels = int(sch.get(spatial[channel]).extent)
+    lanes = _divisor(channels, vector_lanes(target, sch.get(block).writes[0].source.dtype))
     accumulator = sch.cache_write(block, 0, "local")
     sch.transform_layout(block, ("write", 0), _moved_last(len(spatial), output_dim))
     _reverse_inline_consumers(sch, accumulator)
@@ -133,7 +135,9 @@ def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, int, int] | None:
         if sorted(map(len, users)) == [0, 1]:
             weight = reads[0] if users[0] else reads[1]
             dim = (users[0] or users[1])[0]
-            if weight.region[dim].min.same_as(iters[channel]):  # indexed by the channel alone
+            others = [axis for other, axis in enumerate(iters) if other != channel]
+            alone = not any(_uses(axis.min, other) for axis in weight.region for other in others)
+            if alone and weight.region[dim].min.same_as(iters[channel]):  # no other output axis in W
                 return channel, list(stmt.reads).index(weight), dim
     return None
 
@@ -142,11 +146,14 @@ def _uses(expr, var) -> bool:
     return any(used.same_as(var) for used in collect_vars_used_in_prim_expr(expr))
 
 
-def _inline_producers(sch: s_tir.Schedule, blocks) -> bool:
-    """Inline each of `blocks` that only moves data (padding, copies, reshapes); whether all were."""
+def _inline_producers(sch: s_tir.Schedule, blocks, padding: bool = True) -> bool:
+    """Inline each of `blocks` that only moves data (copies, reshapes, and padding if `padding`); whether
+    all others were (padding left in memory counts as inlined)."""
     inlined = True
     for block in reversed(blocks):
         stmt = sch.get(block)
+        if not padding and get_sblock_info(sch, block).is_data_pad(sch):
+            continue
         moves_data = len(stmt.reads) == 1 and "R" not in get_sblock_info(sch, block).dom_kind()
         try:
             if not moves_data:
