@@ -71,7 +71,9 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     sch.vectorize(channel_inner)
     sch.unroll(position_inner)
     sch.decompose_reduction(block, reduction[0])
-    packed = sch.cache_read(block, weight, "local")
+    reads = [read.source for read in sch.get(block).reads]  # cache_write reordered them
+    packed = sch.cache_read(block, next(index for index, read in enumerate(reads) if read.same_as(weight)),
+                            "local")
     sch.compute_at(packed, outer)
     rank = len(sch.get(packed).writes[0].region)
     sch.transform_layout(packed, ("write", 0), _moved_last(rank, weight_dim))
@@ -121,9 +123,9 @@ def _parallel_count(sch: s_tir.Schedule, loops) -> int:
     return len(loops) - 1
 
 
-def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, int, int] | None:
-    """(the channel's index among the spatial iters, the read index of the weights, the weights' dimension
-    the channel indexes) of a reduction `block`, or None where no spatial iter indexes one input alone."""
+def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, tvm.tirx.Buffer, int] | None:
+    """(the channel's index among the spatial iters, the weights' buffer, its dimension the channel
+    indexes) of a reduction `block`, or None where no spatial iter indexes one input alone."""
     stmt = sch.get(block)
     iters = [iter_var.var for iter_var in stmt.iter_vars if iter_var.iter_type == 0]
     reads = [read for read in stmt.reads if not read.source.same_as(stmt.writes[0].source)]
@@ -138,7 +140,7 @@ def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, int, int] | None:
             others = [axis for other, axis in enumerate(iters) if other != channel]
             alone = not any(_uses(axis.min, other) for axis in weight.region for other in others)
             if alone and weight.region[dim].min.same_as(iters[channel]):  # no other output axis in W
-                return channel, list(stmt.reads).index(weight), dim
+                return channel, weight.source, dim
     return None
 
 
