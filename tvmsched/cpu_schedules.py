@@ -71,12 +71,12 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     sch.vectorize(channel_inner)
     sch.unroll(position_inner)
     sch.decompose_reduction(block, reduction[0])
-    reads = [read.source for read in sch.get(block).reads]  # cache_write reordered them
-    packed = sch.cache_read(block, next(index for index, read in enumerate(reads) if read.same_as(weight)),
-                            "local")
-    sch.compute_at(packed, outer)
-    rank = len(sch.get(packed).writes[0].region)
-    sch.transform_layout(packed, ("write", 0), _moved_last(rank, weight_dim))
+    if weight_dim != len(weight.shape) - 1:  # a vector of channels is not contiguous: pack the weights
+        reads = [read.source for read in sch.get(block).reads]  # cache_write reordered them
+        packed = sch.cache_read(block, next(index for index, read in enumerate(reads)
+                                            if read.same_as(weight)), "local")
+        sch.compute_at(packed, outer)
+        sch.transform_layout(packed, ("write", 0), _moved_last(len(weight.shape), weight_dim))
     return sch
 
 
@@ -86,7 +86,7 @@ def parallel(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Sc
     it has no reduction, vectorized over its innermost loop split by a divisor of the target's lanes."""
     sch = s_tir.Schedule(function)
     blocks = sch.get_child_blocks(get_root_block(sch))
-    _inline_producers(sch, blocks[:-1])
+    _inline_producers(sch, blocks[:-1], padding=False)
     for block in sch.get_child_blocks(get_root_block(sch)):
         try:
             sch.reverse_compute_inline(block)
