@@ -104,7 +104,9 @@ def header() -> dict:
             "plan": "untuned llvm build (tuned=False), sequential schedule; onnxruntime's default session "
                     "options (all cores) on the same ONNX model",
             "timing": "wall clock around each run with numpy inputs and outputs, median of `repeat` after 2 "
-                      "warm-up runs; the machine was shared with other jobs (2 cores), so figures are noisy"}
+                      "warm-up runs; `<label>_vs_onnxruntime` against onnxruntime timed in the same call, "
+                      "`onnxruntime_ms` from the last call; the machine was shared with other jobs (2 "
+                      "cores), so figures are noisy"}
 
 
 if __name__ == "__main__":
