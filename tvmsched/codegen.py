@@ -124,7 +124,7 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
                 choices[symbol].next(failure)
     if spec.kind == "cuda":
         _check_no_pooled_workspace(executable, list(choices))
-    if spec.kind != "cuda" or tvm.cuda(0).exist:
+    if choices and (spec.kind != "cuda" or tvm.cuda(0).exist):
         executable[next(iter(choices))]  # compiles every kernel now, not at the first call: LLVM's JIT and
         # CUDA's linking run at the first look-up of a function
     fallbacks = {symbol: choice.report for symbol, choice in choices.items() if choice.notes}
