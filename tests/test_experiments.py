@@ -93,3 +93,18 @@ def test_the_models_table_has_a_row_per_network_and_a_column_per_target_and_batc
     assert markdown(files).splitlines() == [
         "| network | llvm b1 | cuda b16 |", "| --- | --- | --- |",
         "| resnet | 2.0e-06 | 1.0e-06, 0.50x |", "| vit | not run | refused |"]
+
+
+def test_the_cpu_table_has_a_column_per_label_measured():
+    from experiments.cpu_speed import table
+
+    rows = [{"model": "squeezenet", "onnxruntime_ms": 3.7, "before_ms": 234.1, "before_vs_onnxruntime": 24.5,
+             "before_compile_s": 1.3, "before_first_ms": 1427.6, "after_ms": 12.76,
+             "after_vs_onnxruntime": 3.4, "after_compile_s": 3.6, "after_first_ms": 16.1},
+            {"model": "nasnet", "onnxruntime_ms": 27.4, "after_ms": 49.9, "after_vs_onnxruntime": 1.8,
+             "after_compile_s": 12.9, "after_first_ms": 112.4}]
+    lines = table(rows).splitlines()
+    assert lines[0] == ("| model | after ms (x onnxruntime) | before ms (x onnxruntime) | after compile s / "
+                        "first call ms | before compile s / first call ms | onnxruntime ms |")
+    assert lines[2] == "| squeezenet | 12.8 (3.4x) | 234.1 (24.5x) | 3.6 / 16 | 1.3 / 1428 | 3.70 |"
+    assert lines[3] == "| nasnet | 49.9 (1.8x) |  | 12.9 / 112 |  | 27.40 |"

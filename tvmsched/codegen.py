@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import relax, s_tir
 from tvm.s_tir import dlight
 
+from tvmsched import cpu_schedules
 from tvmsched.errors import GraphError
 from tvmsched.target import TargetSpec
 
@@ -23,23 +24,24 @@ GPU_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")  # d
 
 
 def schedule_candidates(function: tvm.tirx.PrimFunc, spec: TargetSpec, notes: list[str]):
-    """The schedules a kernel may compile with, best first, as (rule, scheduled function): on a GPU each
-    dlight rule of GPU_RULES that applies (a rule that raises is noted in `notes` and skipped); on the CPU
-    the kernel as it is."""
-    if spec.kind != "cuda":
-        yield "unscheduled", function
-        return
+    """The schedules a kernel may compile with, best first, as (rule, scheduled function): each rule that
+    applies, dlight's GPU_RULES on a GPU, `cpu_schedules.RULES` on the CPU and then the kernel as it is
+    (which always compiles). A rule that raises is noted in `notes` and skipped."""
     target = spec.tvm_target
-    for rule in GPU_RULES:
+    rules = ({rule: getattr(dlight.gpu, rule)() for rule in GPU_RULES} if spec.kind == "cuda"
+             else cpu_schedules.RULES)
+    for rule, schedule_rule in rules.items():
         try:
             with target:
-                space = getattr(dlight.gpu, rule)().apply(function, target, False)
+                space = schedule_rule.apply(function, target, False)
         except Exception as error:  # noqa: BLE001  (a rule's failure is any exception; the next rule runs)
             notes.append(f"{rule} failed ({type(error).__name__}: {_first_line(error)})")
             continue
         if space is not None:
             schedule = space[0] if isinstance(space, list) else space
             yield rule, schedule.mod["main"].with_attr("tirx.is_scheduled", True)
+    if spec.kind != "cuda":
+        yield "unscheduled", function
 
 
 def default_schedules(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.IRModule:
@@ -122,6 +124,9 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
                 choices[symbol].next(failure)
     if spec.kind == "cuda":
         _check_no_pooled_workspace(executable, list(choices))
+    if choices and (spec.kind != "cuda" or tvm.cuda(0).exist):
+        executable[next(iter(choices))]  # compiles every kernel now, not at the first call: LLVM's JIT and
+        # CUDA's linking run at the first look-up of a function
     fallbacks = {symbol: choice.report for symbol, choice in choices.items() if choice.notes}
     return Library(executable, sorted(symbol for symbol, choice in choices.items() if choice.rule == "tuned"),
                    workspace, f"{tvm_ffi.structural_hash(module) & (2**64 - 1):016x}", fallbacks)

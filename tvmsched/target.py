@@ -37,12 +37,13 @@ class TargetSpec:
 
 
 def resolve_target(name: str) -> TargetSpec:
-    """`auto` (cuda if a GPU is present, else llvm), `llvm`, `cuda` (the local GPU, else the H100), or a
-    TVM tag such as `nvidia/nvidia-a100`."""
+    """`auto` (cuda if a GPU is present, else llvm), `llvm` (this CPU), `cuda` (the local GPU, else the
+    H100), or a TVM tag such as `nvidia/nvidia-a100`."""
     if name == "auto":
         name = "cuda" if tvm.cuda(0).exist else "llvm"
-    if name == "llvm":
-        return TargetSpec("llvm", {"kind": "llvm"}, f"llvm-{platform.machine()}")
+    if name == "llvm":  # this CPU's instructions (without an mcpu, LLVM emits SSE2 alone on x86-64)
+        config = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+        return TargetSpec("llvm", config, f"llvm-{platform.machine()}")
     if name == "cuda":
         return _cuda_spec(_local_cuda_tag() or DEFAULT_CUDA_TAG)
     if name.startswith("nvidia/") and name in tvm.target.list_tags():

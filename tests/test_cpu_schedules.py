@@ -1,0 +1,89 @@
+"""The default CPU schedules: which rule schedules each kind of kernel, that the scheduled kernels run
+parallel and vectorized and compute what onnxruntime does, and that a rule that raises is skipped."""
+
+import numpy as np
+import pytest
+from conftest import assert_matches, make_model, onnxruntime_outputs, tensor
+from onnx import helper
+
+import tvmsched
+from tvmsched import cpu_schedules, frontend
+from tvmsched.codegen import schedule_candidates
+from tvmsched.lower import kernel_module, lower
+from tvmsched.target import resolve_target
+
+RNG = np.random.default_rng(0)
+
+
+def _weights(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype("float32") * 0.3
+
+
+def _conv_model():
+    """A 3x3 convolution with bias and ReLU (13 columns: not a multiple of the register tile), then a max
+    pool, a grouped convolution, an element-wise chain and a global mean."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv"], ["relu"]),
+             helper.make_node("MaxPool", ["relu"], ["pool"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("Conv", ["pool", "dw"], ["depthwise"], group=24, pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["depthwise"], ["gate"]),
+             helper.make_node("Mul", ["gate", "depthwise"], ["swish"]),
+             helper.make_node("ReduceMean", ["swish"], ["out"], axes=[2, 3])]
+    return make_model(nodes, [tensor("x", [1, 5, 13, 13])], [tensor("out", [1, 24, 1, 1])],
+                      {"w": _weights(24, 5, 3, 3), "b": _weights(24), "dw": _weights(24, 1, 3, 3)}, opset=17)
+
+
+def _matmul_softmax_model():
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["fc"], transB=1),
+             helper.make_node("Softmax", ["fc"], ["out"], axis=-1)]
+    return make_model(nodes, [tensor("x", [3, 40])], [tensor("out", [3, 20])],
+                      {"w": _weights(20, 40), "b": _weights(20)}, opset=17)
+
+
+def _first_rules(model) -> dict[str, str]:
+    """The rule of each kernel's first schedule candidate on the CPU, by the kernel's operators."""
+    inputs = frontend.bind_input_shapes(model, 1)
+    kernels = kernel_module(lower(frontend.to_relax(model, inputs)))
+    spec = resolve_target("llvm")
+    return {global_var.name_hint: next(schedule_candidates(function, spec, []))[0]
+            for global_var, function in kernels.functions.items()}
+
+
+@pytest.mark.parametrize("model", [_conv_model, _matmul_softmax_model])
+def test_scheduled_models_match_onnxruntime(model):
+    model = model()
+    inputs = {"x": RNG.standard_normal([dim.dim_value for dim in
+                                        model.graph.input[0].type.tensor_type.shape.dim]).astype("float32")}
+    compiled = tvmsched.compile(model, target="llvm")
+    assert compiled.meta.fallbacks == ()
+    assert_matches(compiled.run(inputs), onnxruntime_outputs(model, inputs))
+
+
+def test_each_kernel_kind_gets_its_rule():
+    """Convolutions and matrix products by `gemm`; softmax, means and the grouped convolution with its
+    reducing epilogue by dlight's Reduction; the pool by `parallel`."""
+    rules = _first_rules(_conv_model()) | _first_rules(_matmul_softmax_model())
+    assert rules == {"fused_conv2d_add_relu": "gemm", "max_pool2d": "parallel", "mean": "Reduction",
+                     "fused_conv2d1_tir_sigmoid_multiply": "Reduction", "fused_matmul_add": "gemm",
+                     "softmax": "Reduction"}
+
+
+def test_the_gemm_rule_runs_parallel_and_vectorized():
+    inputs = frontend.bind_input_shapes(_conv_model(), 1)
+    kernels = kernel_module(lower(frontend.to_relax(_conv_model(), inputs)))
+    schedule = cpu_schedules.gemm(kernels["fused_conv2d_add_relu"], resolve_target("llvm").tvm_target)
+    script = schedule.mod["main"].script()
+    assert "T.parallel(" in script and "T.vectorized(" in script and "T.unroll(" in script
+
+
+def test_a_rule_that_raises_is_skipped_and_named(monkeypatch):
+    def broken(function, target):
+        raise RuntimeError("a broken rule")
+
+    monkeypatch.setitem(cpu_schedules.RULES, "gemm", cpu_schedules._Rule(broken))
+    model = _matmul_softmax_model()
+    inputs = {"x": RNG.standard_normal((3, 40)).astype("float32")}
+    compiled = tvmsched.compile(model, target="llvm")
+    why = "gemm failed (RuntimeError: a broken rule); runs the Reduction schedule"
+    assert dict(compiled.meta.fallbacks) == {"fused_matmul_add": why, "softmax": why}
+    assert_matches(compiled.run(inputs), onnxruntime_outputs(model, inputs))

@@ -1,0 +1,207 @@
+"""Default CPU schedules for kernels without tuning records, as rules that take a PrimFunc and return a
+schedule of it or None where they do not apply.
+
+`gemm` is the rule for convolutions and matrix products: TVM's kernels for them are plain loop nests that run
+single-threaded and scalar (MetaSchedule's default llvm space, sampled without search, was about 3x slower
+on squeezenet's convolutions than this rule). It tiles the output like a GEMM micro-kernel: a register tile
+of `TILE` positions by one vector of output channels, accumulated over the whole reduction, with the
+weights packed so that a vector of channels is contiguous, and parallel over the other output loops.
+`parallel` is the rule for the other kernels (pools, data movement, element-wise chains): inline cheap
+producers and the epilogues, parallelize the outer spatial loops, vectorize an innermost one."""
+
+from __future__ import annotations
+
+import os
+
+import tvm
+from tvm import s_tir
+from tvm.s_tir import dlight
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr, get_root_block, get_sblock_info
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.target.codegen import llvm_get_vector_width
+
+TILE = 16  # output positions per register tile, one vector accumulator each (measured: 4 to 32)
+PARALLEL_TASKS = 4  # per core, to even out the load
+MIN_PARALLEL = 4096  # fewer output elements than this run on one core: the pool's start costs more
+
+
+def vector_lanes(target: tvm.target.Target, dtype: tvm.DataType) -> int:
+    """Lanes of one SIMD register of `target` for `dtype` (at least 4)."""
+    return max(llvm_get_vector_width(target) // max(dtype.bits, 8), 4)
+
+
+def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedule | None:
+    """A kernel with one reduction block whose output has a channel axis indexing one input (the weights)
+    and not the other, e.g. conv2d NCHW (channel f of W[f, c, kh, kw]) or a matmul (column j of B), with
+    data-movement producers (padding) and element-wise epilogues; None for any other kernel."""
+    sch = s_tir.Schedule(function)
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    kinds = [get_sblock_info(sch, block).dom_kind() for block in blocks]
+    reductions = [index for index, kind in enumerate(kinds) if "R" in kind]
+    if len(reductions) != 1 or not _inline_producers(sch, blocks[:reductions[0]], padding=False):
+        return None
+    block = blocks[reductions[0]]
+    axes = _gemm_axes(sch, block)
+    if axes is None:
+        return None
+    channel, weight, weight_dim = axes
+    for producer in sch.get_producers(block):  # padding kept in memory
+        _parallel_vectorize(sch, producer, target)
+    loops = sch.get_loops(block)
+    kind = kinds[reductions[0]]
+    spatial = [loop for loop, iter_kind in zip(loops, kind) if iter_kind == "S"]
+    reduction = [loop for loop, iter_kind in zip(loops, kind) if iter_kind == "R"]
+    position = [index for index in range(len(spatial)) if index != channel][-1]
+    output_dim = list(kind).index("S") + channel  # output buffers are indexed by the spatial iters in order
+    channels = int(sch.get(spatial[channel]).extent)
+    lanes = _divisor(channels, vector_lanes(target, sch.get(block).writes[0].source.dtype))
+    accumulator = sch.cache_write(block, 0, "local")
+    sch.transform_layout(block, ("write", 0), _moved_last(len(spatial), output_dim))
+    _reverse_inline_consumers(sch, accumulator)
+    channel_outer, channel_inner = sch.split(spatial[channel], [None, lanes])
+    extent = int(sch.get(spatial[position]).extent)
+    tile = extent if extent <= TILE else min(range(TILE, TILE // 2 - 1, -1),
+                                             key=lambda size: (-(-extent // size) * size, -size))
+    position_outer, position_inner = sch.split(spatial[position], [None, tile])
+    others = [loop for index, loop in enumerate(spatial) if index not in (channel, position)]
+    sch.reorder(channel_outer, *others, position_outer, *reduction, position_inner, channel_inner)
+    outer = sch.fuse(channel_outer, *others[:_parallel_count(sch, [channel_outer, *others])])
+    sch.parallel(outer)
+    sch.reverse_compute_at(accumulator, position_outer)
+    sch.vectorize(channel_inner)
+    sch.unroll(position_inner)
+    sch.decompose_reduction(block, reduction[0])
+    if weight_dim != len(weight.shape) - 1:  # a vector of channels is not contiguous: pack the weights
+        reads = [read.source for read in sch.get(block).reads]  # cache_write reordered them
+        packed = sch.cache_read(block, next(index for index, read in enumerate(reads)
+                                            if read.same_as(weight)), "local")
+        sch.compute_at(packed, outer)
+        sch.transform_layout(packed, ("write", 0), _moved_last(len(weight.shape), weight_dim))
+    return sch
+
+
+def parallel(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedule | None:
+    """Any kernel: data-movement producers and element-wise consumers inlined where legal, then each block
+    left parallel over its leading spatial loops (where it writes at least MIN_PARALLEL elements) and, where
+    it has no reduction, vectorized over its innermost loop split by a divisor of the target's lanes."""
+    sch = s_tir.Schedule(function)
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    _inline_producers(sch, blocks[:-1], padding=False)
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        try:
+            sch.reverse_compute_inline(block)
+        except s_tir.ScheduleError:
+            pass
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        _parallel_vectorize(sch, block, target)
+    return sch
+
+
+def _parallel_vectorize(sch: s_tir.Schedule, block, target: tvm.target.Target) -> None:
+    loops = sch.get_loops(block)
+    kind = get_sblock_info(sch, block).dom_kind()
+    if len(loops) != len(kind) or not kind.startswith("S"):
+        return
+    spatial = loops[:len(kind) - len(kind.lstrip("S"))]
+    extents = [int(sch.get(loop).extent) for loop in spatial]
+    if "R" not in kind and extents[-1] > 1:
+        lanes = _divisor(extents[-1], vector_lanes(target, sch.get(block).writes[0].source.dtype))
+        if lanes >= 4:
+            sch.vectorize(sch.split(spatial[-1], [None, lanes])[1])
+    if len(spatial) > 1 and _product(extents) >= MIN_PARALLEL:  # the innermost loop stays whole
+        sch.parallel(sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0])
+
+
+def _parallel_count(sch: s_tir.Schedule, loops) -> int:
+    """How many of `loops` after the first to fuse with it into the parallel loop: the fewest that give
+    every core PARALLEL_TASKS tasks (the weights are packed once per task, so more cost more packing)."""
+    tasks = int(sch.get(loops[0]).extent)
+    for count, loop in enumerate(loops[1:]):
+        if tasks >= PARALLEL_TASKS * (os.cpu_count() or 1):
+            return count
+        tasks *= int(sch.get(loop).extent)
+    return len(loops) - 1
+
+
+def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, tvm.tirx.Buffer, int] | None:
+    """(the channel's index among the spatial iters, the weights' buffer, its dimension the channel
+    indexes) of a reduction `block`, or None where no spatial iter indexes one input alone."""
+    stmt = sch.get(block)
+    iters = [iter_var.var for iter_var in stmt.iter_vars if iter_var.iter_type == 0]
+    reads = [read for read in stmt.reads if not read.source.same_as(stmt.writes[0].source)]
+    if len(reads) != 2:
+        return None
+    for channel in range(len(iters) - 1, -1, -1):
+        users = [[dim for dim, axis in enumerate(read.region)
+                  if _uses(axis.min, iters[channel])] for read in reads]
+        if sorted(map(len, users)) == [0, 1]:
+            weight = reads[0] if users[0] else reads[1]
+            dim = (users[0] or users[1])[0]
+            others = [axis for other, axis in enumerate(iters) if other != channel]
+            alone = not any(_uses(axis.min, other) for axis in weight.region for other in others)
+            if alone and weight.region[dim].min.same_as(iters[channel]):  # no other output axis in W
+                return channel, weight.source, dim
+    return None
+
+
+def _uses(expr, var) -> bool:
+    return any(used.same_as(var) for used in collect_vars_used_in_prim_expr(expr))
+
+
+def _inline_producers(sch: s_tir.Schedule, blocks, padding: bool = True) -> bool:
+    """Inline each of `blocks` that only moves data (copies, reshapes, and padding if `padding`); whether
+    all others were (padding left in memory counts as inlined)."""
+    inlined = True
+    for block in reversed(blocks):
+        stmt = sch.get(block)
+        if not padding and get_sblock_info(sch, block).is_data_pad(sch):
+            continue
+        moves_data = len(stmt.reads) == 1 and "R" not in get_sblock_info(sch, block).dom_kind()
+        try:
+            if not moves_data:
+                raise s_tir.ScheduleError("computes")
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            inlined = False
+    return inlined
+
+
+def _reverse_inline_consumers(sch: s_tir.Schedule, block) -> None:
+    """Inline the element-wise chain that consumes `block` into it (the epilogue of a GEMM), as far as it
+    goes."""
+    while consumers := sch.get_consumers(block):
+        try:
+            sch.reverse_compute_inline(consumers[0])
+        except s_tir.ScheduleError:
+            return
+
+
+def _moved_last(rank: int, dim: int):
+    """An index map moving dimension `dim` of a rank-`rank` buffer to the end."""
+    return lambda *index: (*index[:dim], *index[dim + 1:], index[dim])
+
+
+def _divisor(extent: int, limit: int) -> int:
+    """The largest divisor of `extent` that is at most `limit`."""
+    return max(size for size in range(1, min(extent, limit) + 1) if extent % size == 0)
+
+
+def _product(values) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+class _Rule(CPUScheduleRule):
+    """One of this module's rules as a dlight rule, applied as dlight's own are."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def apply(self, function, target, _tunable):
+        return self.rule(function, target) if self.is_target_available(target) else None
+
+
+# In the order tried; dlight's Reduction for softmax and normalizations (reductions and element-wise blocks)
+RULES = {"gemm": _Rule(gemm), "Reduction": dlight.cpu.Reduction(), "parallel": _Rule(parallel)}
