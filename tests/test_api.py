@@ -78,6 +78,12 @@ def test_load_refuses_missing_corrupt_and_foreign_builds(branchy_model, tmp_path
     with pytest.raises(ArtifactError, match="built with TVM 0.1-"):
         tvmsched.load(build)
     assert tvmsched.load(build, force=True).graph.kernels
+    local_cpu = tvmsched.target.resolve_target("llvm").config["mcpu"]
+    (build / "meta.json").write_text(meta.replace(f'"mcpu": "{local_cpu}"', '"mcpu": "other-cpu"'))
+    with pytest.raises(ArtifactError, match=f"built for the CPU 'other-cpu', whose instructions this CPU "
+                                            f"\\('{local_cpu}'\\) may lack; rebuild it here"):
+        tvmsched.load(build)
+    assert tvmsched.load(build, force=True).graph.kernels
     (build / "meta.json").write_text(meta[: len(meta) // 2])
     with pytest.raises(ArtifactError, match="meta.json' is corrupt"):
         tvmsched.load(build)

@@ -364,11 +364,19 @@ def _check_constant_inputs(directory: Path, meta: ModelMeta, values: dict[str, n
 
 def _check_plan_context(directory: Path, plan: ExecutionPlan, meta: ModelMeta, batch: int | None,
                         force: bool) -> None:
-    """Refuse a plan made for another batch, or (unless forced) for another GPU than the local one."""
+    """Refuse a plan made for another batch, or (unless forced) for another GPU than the local one or
+    another CPU (a CPU build uses its CPU's instructions: `target.resolve_target`)."""
     planned_batch = plan.context.get("batch")
     if batch is not None and planned_batch != batch:
         raise ArtifactError(f"'{directory}' was built for batch {planned_batch}, not {batch}; rebuild with "
                             f"--batch {batch} (plans are specialized per batch)")
+    built_cpu = meta.target.config.get("mcpu")
+    if meta.target.kind == "llvm" and built_cpu and not force:
+        local_cpu = resolve_target("llvm").config["mcpu"]
+        if built_cpu != local_cpu:
+            raise ArtifactError(f"'{directory}' was built for the CPU '{built_cpu}', whose instructions this "
+                                f"CPU ('{local_cpu}') may lack; rebuild it here (or load with force=True / "
+                                f"--force)")
     if meta.target.kind == "cuda" and tvm.cuda(0).exist and not force:
         local = resolve_target("cuda").key
         if plan.context.get("target") != local:
