@@ -106,7 +106,7 @@ class KernelGraph:
         """Content hash of structure, shapes and kernel workloads (not constant values, nor vendor ops: they
         follow from the workloads and constants, and plans and measurements keyed by the hash before vendor
         ops were recognized stay valid)."""
-        data = self.to_json()
+        data = {**self.to_json(), "schema": 2}  # hashed as graph schema 2 was, for the same reason
         for kernel in data["kernels"]:
             del kernel["vendor_op"]
         payload = json.dumps(data, sort_keys=True).encode()
