@@ -156,7 +156,7 @@ def _pytorch(name: str, batch: int):
     by ONNX name (fp32, TF32 off)."""
     import torch
 
-    from experiments.torch_onnx import fp32_settings
+    from experiments.torch_onnx import cuda_graph, fp32_settings
     from experiments.torchvision_models import torch_network
 
     fp32_settings()
@@ -164,19 +164,11 @@ def _pytorch(name: str, batch: int):
     module, example = module.cuda(), example.cuda()
     with torch.no_grad():
         outputs = module(example)
-        outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-        reference = [output.float().cpu().numpy() for output in outputs]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                module(example)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            module(example)
+    outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    reference = [output.float().cpu().numpy() for output in outputs]
+    replay, _, _ = cuda_graph(module, example)
     input_name = "input_ids" if example.dtype == torch.int64 else "input"
-    return graph.replay, reference, {input_name: example.cpu().numpy()}
+    return replay, reference, {input_name: example.cpu().numpy()}
 
 
 def _case(path: Path) -> tuple[str, int]:

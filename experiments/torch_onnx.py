@@ -43,8 +43,9 @@ def fp32_settings() -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def cuda_graph(module: OnnxModule, example: torch.Tensor):
-    """Capture one inference of `module` on the GPU; returns (replay, static input, static output)."""
+def cuda_graph(module: torch.nn.Module, example: torch.Tensor):
+    """Capture one inference of `module` (on the GPU, as `example`) into a CUDA graph, after three warm-up
+    inferences on a side stream; returns (replay, static input, static output)."""
     static_input = example.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

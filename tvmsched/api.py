@@ -315,8 +315,8 @@ class CompiledModel:
 
 def load(directory: str | Path, executor: str | None = None, batch: int | None = None,
          force: bool = False, constant_inputs: dict[str, np.ndarray] | None = None) -> CompiledModel:
-    """Load a saved build. Refuses, unless `force`, one made by another TVM version or for another GPU
-    than this machine's; always refuses one made for another `batch` (when given) or with other values
+    """Load a saved build. Refuses, unless `force`, one made by another TVM version or for another GPU or
+    CPU than this machine's; always refuses one made for another `batch` (when given) or with other values
     of its constant inputs (those in `constant_inputs`): rebuild for that."""
     directory = Path(directory)
     missing = [name for name in ARTIFACTS if not (directory / name).is_file()]
