@@ -11,6 +11,7 @@ producers and the epilogues, parallelize the outer spatial loops, vectorize an i
 
 from __future__ import annotations
 
+import math
 import os
 
 import tvm
@@ -108,7 +109,7 @@ def _parallel_vectorize(sch: s_tir.Schedule, block, target: tvm.target.Target) -
         lanes = _divisor(extents[-1], vector_lanes(target, sch.get(block).writes[0].source.dtype))
         if lanes >= 4:
             sch.vectorize(sch.split(spatial[-1], [None, lanes])[1])
-    if len(spatial) > 1 and _product(extents) >= MIN_PARALLEL:  # the innermost loop stays whole
+    if len(spatial) > 1 and math.prod(extents) >= MIN_PARALLEL:  # the innermost loop stays whole
         sch.parallel(sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0])
 
 
@@ -184,13 +185,6 @@ def _moved_last(rank: int, dim: int):
 def _divisor(extent: int, limit: int) -> int:
     """The largest divisor of `extent` that is at most `limit`."""
     return max(size for size in range(1, min(extent, limit) + 1) if extent % size == 0)
-
-
-def _product(values) -> int:
-    result = 1
-    for value in values:
-        result *= value
-    return result
 
 
 class _Rule(CPUScheduleRule):
