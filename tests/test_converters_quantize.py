@@ -79,7 +79,10 @@ def test_qlinear_conv_and_conv_integer(attributes):
                  "w_scale": RNG.uniform(0.001, 0.01, 6).astype("float32"), "w_zero": np.zeros(6, "int8"),
                  "y_scale": np.array(0.2, "float32"), "y_zero": np.array(100, "uint8"),
                  "bias": RNG.integers(-1000, 1000, 6).astype("int32")}
+    # onnx's reference, not onnxruntime: on x86 CPUs without VNNI, onnxruntime's u8 x s8 kernels add pairs
+    # of products in int16 and saturate (measured: off by up to 39 on an AMD EPYC, onnxruntime 1.32)
     node = helper.make_node("QLinearConv", ["x", *constants], ["y"], **attributes)
-    check_node(node, {"x": x}, opset=10, constants=constants)
+    check_node(node, {"x": x}, opset=10, constants=constants, reference="reference")
     node = helper.make_node("ConvInteger", ["x", "w", "x_zero"], ["y"], **attributes)
-    check_node(node, {"x": x}, opset=10, constants={"w": w, "x_zero": constants["x_zero"]})
+    check_node(node, {"x": x}, opset=10, constants={"w": w, "x_zero": constants["x_zero"]},
+               reference="reference")
