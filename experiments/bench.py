@@ -5,13 +5,15 @@ fp32 everywhere, TF32 off. Writes JSON, a markdown table and a bar chart.
 
     python -m experiments.bench --out-dir experiments/results                 # zoo models, batch 1 and 16
     python -m experiments.bench --out-dir /tmp/b --cases googlenet:1 tv:resnet50:16
+    python -m experiments.bench --out-dir /tmp/b --cases tv:resnet50:1 --kernels tvm --untuned \
+        --schedules sequential dp --skip torch_compile relax_vm
 
 Results accumulate in the JSON of --out-dir (today's, or --date's): cases it already holds are skipped
 (--again measures them again), so the suite can be run in several calls under a time limit.
 
 A case is MODEL:BATCH for a zoo model (PyTorch runs its ONNX graph, experiments/torch_onnx.py) or
-tv:MODEL:BATCH for a torchvision network (random weights, exported to ONNX for tvmsched; PyTorch runs the
-torchvision module itself).
+tv:MODEL:BATCH for a torchvision classification network (random weights, exported to ONNX for tvmsched;
+PyTorch runs the torchvision module itself).
 """
 
 from __future__ import annotations
@@ -61,16 +63,18 @@ def measure(case: str, args) -> dict:
     clock = _Laps(row["seconds"])  # where the case's device time goes
     reference = _pytorch(row, proto, module, x, args)
     clock.lap("pytorch")
-    model = tvmsched.compile(proto, target=args.target)
+    model = tvmsched.compile(proto, target=args.target, tuned=not args.untuned, kernels=args.kernels)
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
+    row["implementations"] = model.graph.implementations()
     if reference is None:  # no PyTorch: check against tvmsched's own sequential kernels
         reference = model.reschedule("sequential", executor="sequential")(x)
     row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass
-    row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args)}
-    clock.lap("relax_vm")
+    if "relax_vm" not in args.skip:
+        row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args)}
+        clock.lap("relax_vm")
     row |= row_options(args)
-    for schedule in SCHEDULES:
+    for schedule in args.schedules:
         start = time.perf_counter()
         options = options_for(schedule, stream_mapping=args.stream_mapping, time_orders=not args.stage_sums)
         with model.reschedule(schedule, max_streams=args.streams, **options) as scheduled:
@@ -104,16 +108,17 @@ class _Laps:
 
 
 def row_options(args) -> dict:
-    """The options of the schedulers a row was measured with (rows with others are not mixed in)."""
-    return {"stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums}
+    """The options a row was measured with (rows with others are not mixed in)."""
+    return {"stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums,
+            "kernel_choice": args.kernels, "untuned": args.untuned}
 
 
 def _parse(case: str) -> tuple[str, str, int]:
     parts = case.split(":")
     source, name, batch = parts if len(parts) == 3 else ("zoo", *parts)
-    if source not in ("zoo", "tv") or (source == "tv" and name not in TORCHVISION):
-        raise SystemExit(f"bad case '{case}': MODEL:BATCH (zoo) or tv:MODEL:BATCH with MODEL one of "
-                         f"{', '.join(TORCHVISION)}")
+    if source not in ("zoo", "tv"):
+        raise SystemExit(f"bad case '{case}': MODEL:BATCH (zoo) or tv:MODEL:BATCH with MODEL a torchvision "
+                         f"classification network")
     return source, name, int(batch)
 
 
@@ -150,6 +155,8 @@ def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None
         # Every zoo case runs OnnxModule.forward: without a reset, Dynamo would recompile the earlier
         # cases' code with shapes made dynamic (and stop at its recompile limit), so a case's figure
         # would depend on the cases before it in the same call.
+        if "torch_compile" in args.skip:
+            return expected
         torch._dynamo.reset()
         compiled = torch.compile(module, mode="reduce-overhead" if cuda else "default", dynamic=False)
         try:
@@ -273,6 +280,13 @@ def main() -> int:
     parser.add_argument("--stage-sums", action="store_true",
                         help="dp chooses between its parts' stages and greedy's by stage sums, as IOS, "
                              "instead of by timing the whole plan on the GPU (docs/schedulers.md)")
+    parser.add_argument("--kernels", choices=("auto", "tvm", "vendor"), default="auto",
+                        help="tvmsched's kernel implementations (tvmsched build --kernels)")
+    parser.add_argument("--untuned", action="store_true", help="build with no tuning log applied")
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
+                        help="tvmsched's schedulers to measure (dp is needed for the speedup)")
+    parser.add_argument("--skip", nargs="+", choices=("torch_compile", "relax_vm"), default=[],
+                        help="peers not to measure (each costs a compile)")
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=1e-4,
                         help="largest relative difference from PyTorch's output that counts as a match")

@@ -23,11 +23,13 @@ from tvmsched.cost.measured import MeasuredCost
 from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel
 from tvmsched.executor import create_executor
 from tvmsched.executor.base import sample_value
+from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import kernel_module, lower
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.schedule import Scheduler, create_scheduler
+from tvmsched.tactics.select import Selection, check_mode, select_tactics
 from tvmsched.target import (
     TargetSpec,
     default_executor,
@@ -92,7 +94,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             input_shapes: dict[str, tuple[int, ...]] | None = None, schedule: str = "sequential",
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
-            constant_inputs: dict[str, np.ndarray] | None = None,
+            constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto",
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -105,6 +107,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `constant_inputs` binds graph inputs to values when the model is built: they become constants and are
     no longer inputs of the compiled model (needed where an input's value decides a shape, e.g. the axes
     of a ReduceSum or the shape of a Reshape).
+
+    `kernels` chooses who computes the kernels a vendor library could (`tactics.select`): "auto" the
+    fastest by measurement on this build's GPU, "vendor" a vendor plan wherever one works, "tvm" TVM alone.
+    Without the GPU or the vendor libraries, "auto" is TVM alone.
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -134,10 +140,35 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
+    selection = choose_tactics(model, kernels, progress)
+    if selection.timings:
+        graph = selection.graph
+        sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
+        model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
+    model.selection = selection
     if schedule == "sequential":
         return model
     progress(f"scheduling ({schedule})")
     return model.reschedule(schedule, max_streams, executor, cost, **schedule_options)
+
+
+def choose_tactics(model: CompiledModel, kernels: str, progress: Callable[[str], None]) -> Selection:
+    """`tactics.select_tactics` for a freshly compiled model, timed on its GPU; TVM alone without one."""
+    check_mode(kernels)
+    if model.meta.target.kind != "cuda" or not tvm.cuda(0).exist:
+        if kernels == "vendor":
+            raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA "
+                              "target and its GPU; use --kernels tvm (or auto) here")
+        return Selection(model.graph, {})
+    device = device_for(model.meta.target)
+
+    def make_timer() -> StageTimer:
+        return StageTimer(model.library, model.graph, model.plan, model.constants, device, max_groups=1)
+
+    def report(done: int, total: int) -> None:
+        progress(f"choosing kernel implementations ({done}/{total} kernels timed)")
+    return select_tactics(model.graph, kernels, make_timer, device_name(model.meta.target),
+                          model.meta.kernels_hash, progress=report)
 
 
 def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: CostModel, context: dict) -> ExecutionPlan:
@@ -163,6 +194,7 @@ class CompiledModel:
         self.executor_name = executor or default_executor(meta.target)
         self._executor = None
         self._lock = threading.Lock()
+        self.selection: Selection | None = None  # what tactic selection measured, on a fresh compile
 
     def reschedule(self, schedule: str, max_streams: int = 8, executor: str | None = None,
                    cost: str | None = None, **schedule_options) -> CompiledModel:

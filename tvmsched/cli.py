@@ -28,9 +28,10 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 SAVED_BUILD_HELP = ("Given a build directory, the scheduling flags (--schedule, --streams, --cost, "
                     "--stream-mapping and dp's) reschedule its kernels (nothing is recompiled; --schedule "
                     "defaults to the build's), the flags that apply when compiling (--target, "
-                    "--input-shape, --log, --untuned) are refused: rebuild instead, and --constant-input "
-                    "values must be those the build was made with.")
-COMPILE_FLAGS = {"target": "--target", "input_shape": "--input-shape", "log": "--log", "untuned": "--untuned"}
+                    "--input-shape, --log, --untuned, --kernels) are refused: rebuild instead, and "
+                    "--constant-input values must be those the build was made with.")
+COMPILE_FLAGS = {"target": "--target", "input_shape": "--input-shape", "log": "--log", "untuned": "--untuned",
+                 "kernels": "--kernels"}
 # The scheduling flags: their keyword arguments of `compile` and `reschedule`, and the flags themselves.
 SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost", "max_group_size": "--max-group-size",
                   "max_groups": "--max-groups", "max_states": "--max-states", "time_orders": "--stage-sums",
@@ -261,6 +262,11 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                              "key (default: yours, where tvmsched tune writes, then the shipped ones)")
     parser.add_argument("--untuned", action="store_true",
                         help="ignore the tuning logs: every kernel gets its default schedule")
+    parser.add_argument("--kernels", choices=("auto", "tvm", "vendor"), default=None,
+                        help="who computes the kernels a vendor library could (a convolution with its "
+                             "bias and activation, ...): auto (default) the fastest, timed on the GPU, of "
+                             "TVM's kernel and the vendor plans (cuDNN; pip install \"tvmsched[cuda]\"); "
+                             "vendor: a vendor plan wherever one works; tvm: TVM alone")
     from tvmsched.executor import EXECUTORS
     from tvmsched.schedule import SCHEDULERS
     from tvmsched.schedule.base import STREAM_MAPPINGS
@@ -329,7 +335,7 @@ def _compiled(args):
         model = tvmsched.compile(args.model, target=args.target or "auto", batch=args.batch,
                                  input_shapes=shapes, schedule=schedule, executor=args.executor,
                                  tuning_log=args.log, tuned=not args.untuned, constant_inputs=constants,
-                                 **options,
+                                 kernels=args.kernels or "auto", **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
@@ -339,7 +345,22 @@ def _compiled(args):
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
     for symbol, why in model.meta.fallbacks:
         console.print(f"  kernel {symbol}: {why}")
+    console.print(f"  {_implementations(model)}")
     return model
+
+
+def _implementations(model) -> str:
+    """Who computes the kernels: the count per implementation, and what selection measured."""
+    counts = model.graph.implementations()
+    recognized = sum(kernel.vendor_op is not None for kernel in model.graph.kernels)
+    line = (f"kernels by implementation: {', '.join(f'{count} {name}' for name, count in counts.items())} "
+            f"({recognized} a vendor library could compute)")
+    timings = model.selection.timings.values() if model.selection else ()
+    measured = [(tvm_ms, ms) for tvm_ms, ms in timings if tvm_ms is not None]
+    if measured:
+        line += (f"; on the chosen ones TVM's kernels took {sum(tvm_ms for tvm_ms, _ in measured):.3f} ms, "
+                 f"the vendor plans {sum(ms for _, ms in measured):.3f} ms")
+    return line
 
 
 def _loaded(args, constants: dict[str, np.ndarray]):
@@ -393,11 +414,8 @@ def _build(args) -> None:
     model = _compiled(args)
     with _writing(args.output):
         model.save(args.output)
-    recognized = sum(kernel.vendor_op is not None for kernel in model.graph.kernels)
     console.print(f"wrote {args.output}/ (graph {model.graph.hash}, "
-                  f"{sum(tensor.nbytes for tensor in model.graph.constants) / 2**20:.1f} MiB of weights; "
-                  f"{recognized} of {len(model.graph.kernels)} kernels a vendor library could compute, "
-                  f"not used yet)")
+                  f"{sum(tensor.nbytes for tensor in model.graph.constants) / 2**20:.1f} MiB of weights)")
 
 
 def _run(args) -> None:
@@ -467,7 +485,7 @@ def _profile(args) -> None:
     model = _compiled(args)
     with model, console.status(f"profiling {len(model.graph.kernels)} kernels"):
         result = model.profile(repeat=args.repeat)
-    table = Table("kernel", "ops", "output", "ms", "%", "TFLOP/s", "GB/s", "roofline %", "tuned",
+    table = Table("kernel", "ops", "output", "ms", "%", "TFLOP/s", "GB/s", "roofline %", "tuned", "by",
                   title=f"{args.model} on {result.device} ({result.schedule}): inference "
                         f"{result.benchmark_ms:.3f} ms ({result.inference_ms:.3f} ms traced), kernels "
                         f"alone {result.kernel_ms:.3f} ms")
@@ -475,7 +493,7 @@ def _profile(args) -> None:
         roofline = "" if kernel.roofline_pct is None else f"{kernel.roofline_pct:.0f}"
         table.add_row(f"{kernel.id} {kernel.symbol}", "+".join(kernel.op_kinds), kernel.output,
                       f"{kernel.ms:.4f}", f"{100 * kernel.ms / result.kernel_ms:.1f}", f"{kernel.tflops:.2f}",
-                      f"{kernel.gbps:.1f}", roofline, "yes" if kernel.tuned else "")
+                      f"{kernel.gbps:.1f}", roofline, "yes" if kernel.tuned else "", kernel.implementation)
     Console().print(table)
     with _writing(args.output):
         written = result.save(args.output)

@@ -21,9 +21,10 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from tvmsched.errors import GraphError
 from tvmsched.lower import LoweredModule, is_call_tir
+from tvmsched.tactics.library import Tactic
 from tvmsched.tactics.vendor_op import VendorOp
 
-SCHEMA = 3  # 2: kernels have workspace tensors; 3: and vendor ops (a graph of schema 2 has none)
+SCHEMA = 3  # 2: kernels have workspace tensors; 3: and vendor ops and tactics (a graph of schema 2 has none)
 TENSOR_KINDS = ("input", "param", "constant", "kernel")
 
 
@@ -55,8 +56,9 @@ class TensorRef:
 @dataclass(frozen=True)
 class Kernel:
     """One fused kernel: the PrimFunc `symbol` applied to `inputs`, writing `outputs`, with the scratch
-    tensors of its compiled schedule in `workspace` (called as `symbol(*inputs, *outputs, *workspace)`);
-    `vendor_op` says what a vendor library would compute for it, where one could."""
+    tensors of its implementation in `workspace` (called as `symbol(*inputs, *outputs, *workspace)`);
+    `vendor_op` says what a vendor library would compute for it, where one could, and `tactic` which vendor
+    plan runs instead of TVM's function, where one was chosen (its workspace is then the plan's)."""
 
     id: int
     symbol: str
@@ -68,6 +70,12 @@ class Kernel:
     op_kinds: tuple[str, ...]
     workspace: tuple[TensorRef, ...] = ()
     vendor_op: VendorOp | None = None
+    tactic: Tactic | None = None
+
+    @property
+    def implementation(self) -> str:
+        """Who computes the kernel: "tvm" or the tactic's library."""
+        return self.tactic.library if self.tactic else "tvm"
 
     @property
     def written(self) -> tuple[TensorRef, ...]:
@@ -80,7 +88,8 @@ class Kernel:
                 "outputs": [tensor.to_json() for tensor in self.outputs],
                 "flops": self.flops, "bytes": self.bytes, "op_kinds": list(self.op_kinds),
                 "workspace": [tensor.to_json() for tensor in self.workspace],
-                "vendor_op": self.vendor_op and self.vendor_op.to_json()}
+                "vendor_op": self.vendor_op and self.vendor_op.to_json(),
+                "tactic": self.tactic and self.tactic.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> Kernel:
@@ -89,7 +98,8 @@ class Kernel:
                    tuple(TensorRef.from_json(tensor) for tensor in data["outputs"]),
                    data["flops"], data["bytes"], tuple(data["op_kinds"]),
                    tuple(TensorRef.from_json(tensor) for tensor in data["workspace"]),
-                   data.get("vendor_op") and VendorOp.from_json(data["vendor_op"]))
+                   data.get("vendor_op") and VendorOp.from_json(data["vendor_op"]),
+                   data.get("tactic") and Tactic.from_json(data["tactic"]))
 
 
 @dataclass(frozen=True)
@@ -103,12 +113,14 @@ class KernelGraph:
 
     @cached_property
     def hash(self) -> str:
-        """Content hash of structure, shapes and kernel workloads (not constant values, nor vendor ops: they
-        follow from the workloads and constants, and plans and measurements keyed by the hash before vendor
-        ops were recognized stay valid)."""
-        data = {**self.to_json(), "schema": 2}  # hashed as graph schema 2 was, for the same reason
+        """Content hash of structure, shapes, kernel workloads and tactics (not constant values, nor vendor
+        ops: they follow from the workloads and constants; a graph without tactics hashes as graph schema 2
+        did, so plans and measurements keyed by the hash before vendor ops were recognized stay valid)."""
+        data = {**self.to_json(), "schema": 2}
         for kernel in data["kernels"]:
             del kernel["vendor_op"]
+            if kernel["tactic"] is None:
+                del kernel["tactic"]
         payload = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()[:16]
 
@@ -120,6 +132,25 @@ class KernelGraph:
                                    len(kernel.outputs) + index)
                          for index, (shape, dtype) in enumerate(workspace.get(kernel.symbol, ())))
         kernels = tuple(replace(kernel, workspace=tensors(kernel)) for kernel in self.kernels)
+        return replace(self, kernels=kernels)
+
+    def implementations(self) -> dict[str, int]:
+        """How many kernels each implementation computes ("tvm", or a vendor library's name)."""
+        counts: dict[str, int] = {}
+        for kernel in self.kernels:
+            counts[kernel.implementation] = counts.get(kernel.implementation, 0) + 1
+        return counts
+
+    def with_tactics(self, tactics: dict[int, Tactic]) -> KernelGraph:
+        """The graph with the kernels `tactics` names running their tactic, each with the workspace its plan
+        needs (one byte buffer) instead of TVM's."""
+        def chosen(kernel: Kernel) -> Kernel:
+            tactic = tactics[kernel.id]
+            scratch = TensorRef(f"k{kernel.id}.workspace0", (tactic.workspace,), "uint8", "kernel", kernel.id,
+                                len(kernel.outputs))
+            workspace = (scratch,) if tactic.workspace else ()
+            return replace(kernel, tactic=tactic, workspace=workspace)
+        kernels = tuple(chosen(kernel) if kernel.id in tactics else kernel for kernel in self.kernels)
         return replace(self, kernels=kernels)
 
     def dependencies(self, kernel_id: int) -> set[int]:

@@ -37,6 +37,7 @@ class KernelProfile:
     bytes: int
     ms: float
     tuned: bool
+    implementation: str  # "tvm", or the vendor library whose plan runs the kernel
     stream: int
     roofline_pct: float | None  # the roofline's lower bound on latency as a share of the measured latency
 
@@ -105,13 +106,13 @@ class Profile:
         with table.open("w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(["id", "symbol", "op_kinds", "inputs", "output", "flops", "bytes", "ms", "tflops",
-                             "gbps", "roofline_pct", "tuned", "stream"])
+                             "gbps", "roofline_pct", "tuned", "implementation", "stream"])
             for kernel in self.by_time():
                 writer.writerow([kernel.id, kernel.symbol, "+".join(kernel.op_kinds), kernel.inputs,
                                  kernel.output, kernel.flops, kernel.bytes, f"{kernel.ms:.6f}",
                                  f"{kernel.tflops:.4f}", f"{kernel.gbps:.2f}",
                                  "" if kernel.roofline_pct is None else f"{kernel.roofline_pct:.1f}",
-                                 int(kernel.tuned), kernel.stream])
+                                 int(kernel.tuned), kernel.implementation, kernel.stream])
         data, trace = directory / "profile.json", directory / "trace.json"
         data.write_text(json.dumps(self.to_json(), indent=1))
         trace.write_text(json.dumps(self.chrome_trace()))
@@ -138,7 +139,8 @@ def profile(model, repeat: int = 50) -> Profile:
         bound = max(kernel.flops / peaks[0], kernel.bytes / peaks[1]) * 1e3 if peaks else None
         shapes = [" ".join(_dims(t.shape) for t in side) for side in (kernel.inputs, kernel.outputs)]
         kernels.append(KernelProfile(kernel.id, kernel.symbol, kernel.op_kinds, *shapes, kernel.flops,
-                                     kernel.bytes, ms, kernel.symbol in tuned, streams[kernel.id],
+                                     kernel.bytes, ms, kernel.symbol in tuned and kernel.tactic is None,
+                                     kernel.implementation, streams[kernel.id],
                                      None if bound is None else 100 * bound / ms))
     return Profile(name, spec.key, model.plan.scheduler, kernels, timeline, repeat, benchmark_ms)
 
@@ -159,11 +161,11 @@ def _kernel_timer(model, executor):
         return
 
     def time_kernel(kernel: int, repeat: int) -> float:
-        function, arguments = executor.kernel_call(kernel)
-        function(*arguments)
+        launcher = executor.launchers[kernel]
+        launcher(None)
 
         def call() -> None:
-            function(*arguments)
+            launcher(None)
             executor.device.sync()
         return statistics.median(measure.host_times(call, repeat))
     yield time_kernel

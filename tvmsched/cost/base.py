@@ -6,17 +6,12 @@ from abc import ABC, abstractmethod
 
 from tvmsched.errors import TvmschedError
 from tvmsched.graph import KernelGraph
+from tvmsched.registry import registrar
 
 COST_MODELS: dict[str, type[CostModel]] = {}
 
 
-def register_cost_model(name: str):
-    """Class decorator: make a CostModel available as `name`."""
-    def register(cls: type[CostModel]) -> type[CostModel]:
-        COST_MODELS[name] = cls
-        cls.name = name
-        return cls
-    return register
+register_cost_model = registrar(COST_MODELS)  # class decorator: @register_cost_model("name")
 
 
 def create_cost_model(name: str, graph: KernelGraph, **options) -> CostModel:

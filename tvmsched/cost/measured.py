@@ -9,10 +9,10 @@ closing also releases the timer's streams and events.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
+from tvmsched.cache import cache_path as named_cache_path
+from tvmsched.cache import merge_into_cache, read_cache
 from tvmsched.cost.base import CostModel, register_cost_model
 from tvmsched.executor.streams import StageTimer
 from tvmsched.graph import KernelGraph
@@ -20,9 +20,8 @@ from tvmsched.plan import ExecutionPlan
 
 
 def default_cache_path() -> Path:
-    """$TVMSCHED_CACHE, else ~/.cache/tvmsched, holds stage_costs.json."""
-    root = os.environ.get("TVMSCHED_CACHE") or Path.home() / ".cache" / "tvmsched"
-    return Path(root) / "stage_costs.json"
+    """stage_costs.json in tvmsched's cache directory (`tvmsched.cache`)."""
+    return named_cache_path("stage_costs.json")
 
 
 def cache_key(graph: KernelGraph, context: dict, kernels_hash: str) -> str:
@@ -43,7 +42,7 @@ class MeasuredCost(CostModel):
         self.timer = timer
         self.key = key
         self.cache_path = cache_path or default_cache_path()
-        self.entries = _read_cache(self.cache_path).get(key, {})
+        self.entries = read_cache(self.cache_path).get(key, {})
         self.hits = 0
 
     @classmethod
@@ -82,18 +81,5 @@ class MeasuredCost(CostModel):
             self.timer.close()
 
     def save(self) -> None:
-        """Merge this graph's measurements into the cache file (atomically)."""
-        cache = _read_cache(self.cache_path)
-        cache.setdefault(self.key, {}).update(self.entries)
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.cache_path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(cache))
-        temporary.replace(self.cache_path)
-
-
-def _read_cache(path: Path) -> dict:
-    """The cache's contents; an unreadable cache is treated as empty (it only saves time)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
+        """Merge this graph's measurements into the cache file."""
+        merge_into_cache(self.cache_path, self.key, self.entries)

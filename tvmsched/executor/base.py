@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from tvmsched import measure
 from tvmsched.errors import TargetError
-from tvmsched.graph import KernelGraph
+from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.plan import ExecutionPlan
+from tvmsched.registry import registrar
+from tvmsched.tactics.library import Launcher, VendorLibrary, open_library
 
 EXECUTORS: dict[str, type[Executor]] = {}
 
@@ -35,13 +39,7 @@ def sample_value(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -
     return np.zeros(shape, dtype)
 
 
-def register_executor(name: str):
-    """Class decorator: make an Executor available as `name`."""
-    def register(cls: type[Executor]) -> type[Executor]:
-        EXECUTORS[name] = cls
-        cls.name = name
-        return cls
-    return register
+register_executor = registrar(EXECUTORS)  # class decorator: @register_executor("name")
 
 
 def create_executor(name: str, library, graph: KernelGraph, plan: ExecutionPlan,
@@ -57,6 +55,8 @@ class Executor(ABC):
 
     Every tensor lives in a device buffer made once at construction (kernel outputs in the plan's pooled
     buffers); `run` copies the inputs into their buffers, launches the kernels and copies the outputs back.
+    Each kernel has a launcher, called with the stream to issue it on (None: the device's default stream):
+    TVM's function, or its tactic's vendor plan, on the kernel's buffers.
     Input buffers start as zeros, not as whatever the allocator hands back: an executor may launch the plan
     before the first inputs arrive (the CUDA graph's warm-up), and garbage indices would fault on the GPU.
     Constants given as numpy arrays are uploaded; ones given as tensors already on the device are shared.
@@ -80,13 +80,25 @@ class Executor(ABC):
             for tensor in kernel.written:
                 buffer = pool[plan.memory.tensor_buffers[tensor.name]]
                 self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
-        self.functions = {symbol: library[symbol] for symbol in {kernel.symbol for kernel in graph.kernels}}
+        self.resources = ExitStack()  # releases the vendor libraries' handles (and subclasses' own)
+        self.libraries: dict[str, VendorLibrary] = {}
+        try:
+            self.launchers = {kernel.id: self._launcher(library, kernel) for kernel in graph.kernels}
+        except BaseException:
+            self.resources.close()
+            raise
 
-    def kernel_call(self, kernel_id: int) -> tuple[object, list[tvm.runtime.Tensor]]:
-        """The kernel's compiled function and the buffers it is called with (inputs, outputs, workspace)."""
-        kernel = self.graph.kernels[kernel_id]
-        arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.written]
-        return self.functions[kernel.symbol], arguments
+    def _launcher(self, library, kernel: Kernel) -> Launcher:
+        """The kernel on its buffers (inputs, outputs, workspace): TVM's function or the tactic's plan."""
+        arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+        workspace = [self.buffers[tensor.name] for tensor in kernel.workspace]
+        if kernel.tactic is not None:
+            tactic = kernel.tactic
+            if tactic.library not in self.libraries:
+                self.libraries[tactic.library] = open_library(tactic, self.resources)
+            return self.libraries[tactic.library].launcher(kernel.vendor_op, tactic.plan, arguments,
+                                                          workspace[0] if workspace else None)
+        return tvm_launcher(self.device, library[kernel.symbol], arguments + workspace)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         for tensor, value in zip(self.graph.inputs, inputs):
@@ -100,9 +112,10 @@ class Executor(ABC):
         """The constants' device tensors, for another executor of the graph to share instead of uploading."""
         return {tensor.name: self.buffers[tensor.name] for tensor in self.graph.constants}
 
-    def close(self) -> None:  # noqa: B027  (not abstract: device buffers are freed with the executor)
-        """Release the device handles the executor made besides its buffers (the CUDA executors' streams,
-        events and graphs); a second call does nothing."""
+    def close(self) -> None:
+        """Release the device handles the executor made besides its buffers (vendor libraries' handles, the
+        CUDA executors' streams, events and graphs); a second call does nothing."""
+        self.resources.close()
 
     def __enter__(self) -> Executor:
         return self
@@ -129,9 +142,20 @@ class Executor(ABC):
         """One inference with each kernel timed by the host clock, in plan order (waiting for each)."""
         events = []
         for launch in self.plan.launches:
-            function, arguments = self.kernel_call(launch.kernel)
             start = time.perf_counter()
-            function(*arguments)
+            self.launchers[launch.kernel](None)
             self.device.sync()
             events.append(TraceEvent(launch.kernel, launch.stream, start * 1e3, time.perf_counter() * 1e3))
         return events
+
+
+def tvm_launcher(device: tvm.runtime.Device, function, arguments: list) -> Launcher:
+    """A launcher of TVM's compiled `function` on `arguments`: on the given stream, or the device's
+    default stream for None."""
+    def launch(stream) -> None:
+        if stream is None:
+            function(*arguments)
+            return
+        with tvm_ffi.use_raw_stream(device, int(stream)):
+            function(*arguments)
+    return launch

@@ -15,7 +15,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
 import numpy as np
-import tvm_ffi
 
 from tvmsched import cuda, measure
 from tvmsched.cuda import check
@@ -44,8 +43,6 @@ class StreamsExecutor(Executor):
         self.cudart = cuda.runtime()
         _check_cuda_device(self.device, self.name)
         self.waited_on = _waited_on(self.plan.launches)
-        self.calls = {kernel.id: self.kernel_call(kernel.id) for kernel in self.graph.kernels}
-        self.resources = ExitStack()  # destroys, last made first, every handle the executor owns
         self.closed = False
         with self._closed_on_error():
             self.streams = [cuda.stream(self.resources) for _ in range(self.plan.num_streams)]
@@ -57,7 +54,7 @@ class StreamsExecutor(Executor):
         """Destroy the executor's CUDA graphs, events and streams; it cannot run afterwards. A second call
         does nothing."""
         self.closed = True
-        self.resources.close()
+        super().close()
 
     @contextmanager
     def _closed_on_error(self):
@@ -92,11 +89,9 @@ class StreamsExecutor(Executor):
             stream = self.streams[launch.stream]
             for producer in launch.waits:
                 check(cudart.cudaStreamWaitEvent(stream, self.events[producer], 0))
-            function, arguments = self.calls[launch.kernel]
             if timing:
                 self._record_timing(timing[launch.kernel][0], stream)
-            with tvm_ffi.use_raw_stream(self.device, int(stream)):
-                function(*arguments)
+            self.launchers[launch.kernel](stream)
             if timing:
                 self._record_timing(timing[launch.kernel][1], stream)
             if launch.kernel in waited_on:

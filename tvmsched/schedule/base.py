@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from tvmsched.cost import CostModel
 from tvmsched.errors import TvmschedError
 from tvmsched.graph import KernelGraph
+from tvmsched.registry import registrar
 
 SCHEDULERS: dict[str, type[Scheduler]] = {}
 
@@ -98,13 +99,7 @@ def affinity_streams(stages: list[Stage], graph: KernelGraph) -> list[list[int]]
     return streams
 
 
-def register_scheduler(name: str):
-    """Class decorator: make a Scheduler available as `name`."""
-    def register(cls: type[Scheduler]) -> type[Scheduler]:
-        SCHEDULERS[name] = cls
-        cls.name = name
-        return cls
-    return register
+register_scheduler = registrar(SCHEDULERS)  # class decorator: @register_scheduler("name")
 
 
 def create_scheduler(name: str, **options) -> Scheduler:

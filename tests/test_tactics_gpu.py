@@ -1,0 +1,50 @@
+"""Vendor tactics on the GPU (needs a CUDA device and cuDNN's frontend): selection measures, the chosen
+plans compute what TVM's kernels compute, inside the multi-stream CUDA graph, after a save and a load."""
+
+import numpy as np
+import onnxruntime
+import pytest
+
+import tvmsched
+from tvmsched.tactics.library import installed
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif("cudnn" not in installed(), reason="needs cuDNN")]
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path / "cache"))
+
+
+def _reference(proto, x):
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input": x})[0]
+
+
+@pytest.mark.parametrize("kernels", ["vendor", "auto"])
+def test_vendor_plans_match_onnxruntime_in_every_executor(branchy_model, kernels, private_cache, tmp_path):
+    x = np.random.default_rng(3).standard_normal((4, 3, 8, 8)).astype("float32")
+    model = tvmsched.compile(branchy_model, target="cuda", batch=4, kernels=kernels, schedule="dp",
+                             max_streams=2)
+    counts = model.graph.implementations()
+    if kernels == "vendor":  # cuDNN takes a convolution with its relu or its bias
+        assert counts.get("cudnn", 0) >= 1, counts
+    expected = _reference(branchy_model, x)
+    for executor in ("sequential", "streams", "cuda-graph"):
+        with model.reschedule("dp", max_streams=2, executor=executor) as scheduled:
+            for _ in range(2):
+                np.testing.assert_allclose(scheduled(x), expected, rtol=1e-5, atol=1e-5)
+    loaded = tvmsched.load(model.save(tmp_path / "build"))
+    assert loaded.graph.implementations() == counts
+    np.testing.assert_allclose(loaded(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_second_build_measures_nothing(branchy_model, private_cache, monkeypatch):
+    first = tvmsched.compile(branchy_model, target="cuda", batch=4, kernels="vendor")
+    from tvmsched.executor import streams
+
+    def no_timer(*args, **kwargs):
+        raise AssertionError("a cached selection made a timer")
+    monkeypatch.setattr(streams.StageTimer, "__init__", no_timer)
+    second = tvmsched.compile(branchy_model, target="cuda", batch=4, kernels="vendor")
+    assert second.graph == first.graph

@@ -1,0 +1,200 @@
+"""Kernel tactics on the CPU, over a numpy stand-in library (tests/vendor_standin.py) and the stand-in cudart:
+each recognized kernel's VendorOp computes what TVM's kernel computes; selection takes the fastest plan
+whose output matches TVM's, keeps TVM where it is faster, caches its timings; the executors launch the
+chosen plans on their streams with workspaces from the memory plan; builds save, load and refuse another
+library version. tests/test_tactics_gpu.py runs cuDNN itself."""
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from conftest import make_model, onnxruntime_outputs, tensor
+from onnx import helper
+from test_plan import assert_race_free
+from vendor_standin import WORKSPACE, StandIn, compute
+
+import tvmsched
+from tvmsched import measure
+from tvmsched.api import CompiledModel, plan_schedule
+from tvmsched.cost.analytic import AnalyticCost
+from tvmsched.errors import ArtifactError, TargetError, UsageError
+from tvmsched.executor.sequential import SequentialExecutor
+from tvmsched.executor.streams import StageTimer, StreamsExecutor
+from tvmsched.schedule import create_scheduler
+from tvmsched.tactics import library, select
+
+RNG = np.random.default_rng(0)
+
+
+def network() -> onnx.ModelProto:
+    """A small CNN with the epilogues recognition knows: conv + batch norm + relu, a depthwise conv + clip,
+    a residual add, a sigmoid, a conv + bias + relu, branches, a pool and a Gemm + bias."""
+    rng = np.random.default_rng(1)
+
+    def weight(*shape):
+        return rng.standard_normal(shape).astype("float32") * 0.3
+
+    weights = {"w0": weight(8, 3, 3, 3), "gamma": weight(8) + 1, "beta": weight(8), "mean": weight(8),
+               "var": np.abs(weight(8)) + 0.5, "w1": weight(8, 1, 3, 3), "b1": weight(8),
+               "w2": weight(8, 8, 1, 1), "b2": weight(8), "w3": weight(8, 8, 1, 1),
+               "w4": weight(8, 8, 1, 1), "b4": weight(8),
+               "fc": weight(8, 5), "fc_b": weight(5),
+               "low": np.array(0, "float32"), "high": np.array(6, "float32")}
+    nodes = [helper.make_node("Conv", ["input", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c0", "gamma", "beta", "mean", "var"], ["n0"]),
+             helper.make_node("Relu", ["n0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], group=8),
+             helper.make_node("Clip", ["c1", "low", "high"], ["k1"]),
+             helper.make_node("Conv", ["k1", "w2", "b2"], ["c2"]),
+             helper.make_node("Add", ["c2", "r0"], ["a2"]),
+             helper.make_node("Conv", ["r0", "w3"], ["c3"]),
+             helper.make_node("Sigmoid", ["c3"], ["s3"]),
+             helper.make_node("Conv", ["k1", "w4", "b4"], ["c4"]),
+             helper.make_node("Relu", ["c4"], ["r4"]),
+             helper.make_node("Mul", ["a2", "s3"], ["m"]),
+             helper.make_node("Add", ["m", "r4"], ["m4"]),
+             helper.make_node("GlobalAveragePool", ["m4"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fc_b"], ["output"])]
+    return make_model(nodes, [tensor("input", [2, 3, 8, 8])], [tensor("output", [2, 5])], weights)
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """The stand-in library as the one installed vendor library, with the plans and times a test sets:
+    `times[plan]` is a plan's milliseconds, `times["tvm"]` TVM's function's."""
+    monkeypatch.setattr(library, "LIBRARIES", {"standin": StandIn})
+    monkeypatch.setattr(select, "LIBRARIES", library.LIBRARIES)
+    monkeypatch.setattr(StandIn, "launched", [])
+    monkeypatch.setattr(StandIn, "plans", ("exact",))
+    monkeypatch.setattr(StandIn, "released", 0)
+    times = {"tvm": 2.0, "exact": 1.0, "off": 0.5, "fails": 0.1}
+
+    def time_captured(stream, issue, replays, rounds):
+        before = len(StandIn.launched)
+        issue()
+        plans = {plan for plan, _, _ in StandIn.launched[before:]} or {"tvm"}
+        [plan] = plans
+        return times[plan] * select.COPIES
+    monkeypatch.setattr(measure, "time_captured", time_captured)
+    return times
+
+
+@pytest.fixture
+def model():
+    return tvmsched.compile(network(), target="llvm", batch=2)
+
+
+def choose(model, mode: str, cache, make_timer=None):
+    def timer():
+        return StageTimer(model.library, model.graph, model.plan, model.constants, tvm.cpu(), max_groups=1)
+    return select.select_tactics(model.graph, mode, make_timer or timer, "cpu-test", model.meta.kernels_hash,
+                                 cache=cache)
+
+
+def test_every_recognized_kernel_computes_its_vendor_op(fake_cuda, model):
+    recognized = [kernel for kernel in model.graph.kernels if kernel.vendor_op is not None]
+    assert {op.kind for kernel in recognized for op in kernel.vendor_op.epilogue} >= \
+        {"bias", "subtract", "multiply", "relu", "clip", "residual", "sigmoid"}
+    assert any(kernel.vendor_op.anchor.__class__.__name__ == "Matmul" for kernel in recognized)
+    with StageTimer(model.library, model.graph, model.plan, model.constants, tvm.cpu()) as timer:
+        for kernel in recognized:
+            arguments = [timer.buffers[tensor.name].numpy() for tensor in kernel.inputs + kernel.outputs]
+            expected = arguments[kernel.vendor_op.output]
+            np.testing.assert_allclose(compute(kernel.vendor_op, arguments), expected, rtol=1e-4, atol=1e-5,
+                                       err_msg=kernel.vendor_op.name)
+
+
+def test_selection_takes_the_fastest_plan_whose_output_matches(fake_cuda, standin, model, monkeypatch,
+                                                               tmp_path):
+    monkeypatch.setattr(StandIn, "plans", ("fails", "off", "exact"))
+    selection = choose(model, "auto", tmp_path / "tactics.json")
+    recognized = [kernel.id for kernel in model.graph.kernels if kernel.vendor_op is not None]
+    chosen = {kernel.id: kernel.tactic for kernel in selection.graph.kernels if kernel.tactic}
+    assert sorted(chosen) == recognized
+    assert {(tactic.library, tactic.version, tactic.plan, tactic.workspace)
+            for tactic in chosen.values()} == {("standin", "1.0", "exact", WORKSPACE)}
+    assert selection.timings == {kernel: (2.0, 1.0) for kernel in recognized}
+    assert selection.graph.implementations() == {"tvm": len(model.graph.kernels) - len(recognized),
+                                                 "standin": len(recognized)}
+    assert StandIn.released == 1  # the library's handles go with the selection
+    for kernel in selection.graph.kernels:
+        if kernel.tactic:
+            assert [(tensor.shape, tensor.dtype) for tensor in kernel.workspace] == [((WORKSPACE,), "uint8")]
+
+
+def test_tvm_kept_where_faster_unless_vendor_is_asked(fake_cuda, standin, model, tmp_path):
+    standin["tvm"] = 0.5
+    assert choose(model, "auto", tmp_path / "auto.json").graph == model.graph
+    vendor = choose(model, "vendor", tmp_path / "vendor.json")
+    assert vendor.graph.implementations()["standin"] == len(vendor.timings) > 0
+    assert set(vendor.timings.values()) == {(None, 1.0)}  # TVM's function is not timed under vendor
+    assert choose(model, "tvm", tmp_path / "tvm.json").graph == model.graph
+
+
+def test_a_second_selection_measures_nothing(fake_cuda, standin, model, tmp_path):
+    first = choose(model, "auto", tmp_path / "tactics.json")
+
+    def no_timer():
+        raise AssertionError("a cached selection made a timer")
+    assert choose(model, "auto", tmp_path / "tactics.json", make_timer=no_timer).graph == first.graph
+    # another library version is another implementation: timed again
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StandIn, "version", staticmethod(lambda: "2.0"))
+        with pytest.raises(AssertionError, match="made a timer"):
+            choose(model, "auto", tmp_path / "tactics.json", make_timer=no_timer)
+
+
+def test_vendor_without_a_library_or_a_gpu_is_refused(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(select, "installed", lambda: {})
+    with pytest.raises(TargetError, match="install the GPU extra"):
+        choose(model, "vendor", tmp_path / "tactics.json")
+    assert choose(model, "auto", tmp_path / "tactics.json").graph == model.graph
+    with pytest.raises(UsageError, match="unknown kernel choice 'fast'"):
+        choose(model, "fast", tmp_path / "tactics.json")
+    with pytest.raises(TargetError, match="needs a CUDA target"):
+        tvmsched.compile(network(), target="llvm", batch=2, kernels="vendor")
+
+
+def with_tactics(model, tmp_path, schedule: str = "greedy") -> CompiledModel:
+    """`model` with every recognized kernel on the stand-in's plan, scheduled by `schedule` (2 streams)."""
+    graph = choose(model, "vendor", tmp_path / "tactics.json").graph
+    plan = plan_schedule(graph, create_scheduler(schedule, max_streams=2), AnalyticCost(graph),
+                         model.plan.context)
+    return CompiledModel(model.library, graph, plan, model.constants, model.meta)
+
+
+def test_executors_launch_the_chosen_plans_on_their_streams(fake_cuda, standin, model, tmp_path):
+    scheduled = with_tactics(model, tmp_path)
+    assert scheduled.plan.num_streams == 2
+    assert_race_free(scheduled.graph, scheduled.plan)  # the plans' workspaces are buffers like any other
+    x = RNG.standard_normal((2, 3, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(network(), {"input": x})
+    vendor = sum(kernel.tactic is not None for kernel in scheduled.graph.kernels)
+    for executor in (SequentialExecutor, StreamsExecutor):
+        StandIn.launched.clear()
+        with executor(model.library, scheduled.graph, scheduled.plan, model.constants, tvm.cpu()) as running:
+            [actual] = running.run([x])
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+        assert len(StandIn.launched) == vendor
+        assert {workspace for _, _, workspace in StandIn.launched} == {WORKSPACE}
+        streams = {stream for _, stream, _ in StandIn.launched}
+        assert streams == ({None} if executor is SequentialExecutor else set(running.streams))
+
+
+def test_a_build_with_tactics_saves_loads_and_refuses_another_version(fake_cuda, standin, model, tmp_path,
+                                                                      monkeypatch):
+    scheduled = with_tactics(model, tmp_path, "sequential")
+    x = RNG.standard_normal((2, 3, 8, 8)).astype("float32")
+    expected = scheduled(x)
+    loaded = tvmsched.load(scheduled.save(tmp_path / "build"))
+    assert loaded.graph == scheduled.graph and loaded.graph.hash != model.graph.hash
+    StandIn.launched.clear()
+    np.testing.assert_array_equal(loaded(x), expected)
+    assert StandIn.launched
+    monkeypatch.setattr(StandIn, "version", staticmethod(lambda: "2.0"))
+    with pytest.raises(ArtifactError, match="chose its standin plans with version 1.0, this is 2.0"):
+        tvmsched.load(tmp_path / "build")(x)
+    monkeypatch.setattr(library, "LIBRARIES", {})
+    with pytest.raises(TargetError, match="rebuild with --kernels tvm"):
+        tvmsched.load(tmp_path / "build")(x)

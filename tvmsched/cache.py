@@ -1,0 +1,35 @@
+"""tvmsched's on-disk caches of measurements: one JSON file each under $TVMSCHED_CACHE (default
+~/.cache/tvmsched), holding entries under content keys. A cache only saves time: an unreadable file reads
+as empty, and a save merges into what is on disk and replaces the file atomically, so concurrent builds
+lose no entry of their own and an interrupted save leaves the old file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def cache_path(name: str) -> Path:
+    """The cache file `name` in $TVMSCHED_CACHE, else in ~/.cache/tvmsched."""
+    root = os.environ.get("TVMSCHED_CACHE") or Path.home() / ".cache" / "tvmsched"
+    return Path(root) / name
+
+
+def read_cache(path: Path) -> dict:
+    """The cache's contents; an unreadable cache is treated as empty."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def merge_into_cache(path: Path, key: str, entries: dict) -> None:
+    """Merge `entries` into the cache's section `key` (atomically)."""
+    cache = read_cache(path)
+    cache.setdefault(key, {}).update(entries)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(cache))
+    temporary.replace(path)

@@ -1,0 +1,200 @@
+"""cuDNN through its Python frontend (`nvidia-cudnn-frontend`): a fused conv2d kernel as one cuDNN graph,
+the convolution followed by its epilogue as pointwise nodes.
+
+Every plan cuDNN's heuristics (modes A, then FALLBACK) rank for the graph is a candidate; the plans are
+named by cuDNN's engine-and-knobs string, which a later run finds again in the same ranking. cuDNN decides
+what it fuses: in fp32 it takes conv2d alone, with a bias, and with a bias and then relu (not relu alone: a
+relu straight after the convolution gets a bias of zeros), and declines a residual add, a sigmoid or a
+per-channel scale.
+Which plans compute exact fp32 (and not TF32) is left to the selection's numeric check, which rejects any
+plan whose result differs from TVM's kernel.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import numpy as np
+import tvm
+
+from tvmsched.tactics.library import Candidate, Launcher, VendorLibrary, register_library
+from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, VendorOp
+
+LOWEST = -3.4e38  # a clip without a lower bound
+ZEROS = -1  # the operand position of the zero bias that precedes a relu or clip straight after the conv
+
+
+def _cudnn():
+    import cudnn
+
+    return cudnn
+
+
+@register_library("cudnn")
+class CudnnLibrary(VendorLibrary):
+    """cuDNN on the current device: one handle, and each VendorOp's graph built once with all its plans."""
+
+    def __init__(self, owner: ExitStack):
+        super().__init__(owner)
+        cudnn = _cudnn()
+        self.handle = cudnn.create_handle()
+        owner.callback(cudnn.destroy_handle, self.handle)
+        self.graphs: dict[VendorOp, _Graph | None] = {}
+        self.zeros: dict[tuple, object] = {}  # zero biases by (channels, dtype, device)
+
+    @staticmethod
+    def version() -> str | None:
+        try:
+            return str(_cudnn().backend_version())
+        except Exception:  # noqa: BLE001  (not installed, or its shared library is missing)
+            return None
+
+    def candidates(self, vendor_op: VendorOp, limit: int) -> list[Candidate]:
+        graph = self._graph(vendor_op)
+        return graph.candidates[:limit] if graph else []
+
+    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace) -> Launcher:
+        graph = self._graph(vendor_op)
+        index = graph.index_of(plan) if graph else None
+        if index is None:
+            raise LookupError(f"cuDNN offers no plan '{plan}' for {vendor_op.name} here; rebuild the model")
+        pack = {tensor: (self._zeros(vendor_op.anchor, arguments[0].device) if position == ZEROS
+                         else arguments[position]).data_ptr() for position, tensor in graph.operands.items()}
+        workspace_pointer = workspace.data_ptr() if workspace is not None else None
+        cudnn, handle = _cudnn(), self.handle
+
+        def launch(stream) -> None:
+            cudnn.set_stream(handle, int(stream or 0))  # None: the default stream, as TVM's functions
+            graph.graph.execute_plan_at_index(pack, workspace_pointer, index, handle)
+        return launch
+
+    def _zeros(self, anchor: Conv2d, device):
+        """A zero bias for the anchor's output channels on `device` (kept for the library's lifetime)."""
+        channels = anchor.out_shape[3 if anchor.layout == "NHWC" else 1]
+        key = (channels, anchor.accumulate_dtype, str(device))
+        if key not in self.zeros:
+            self.zeros[key] = tvm.runtime.tensor(np.zeros(channels, anchor.accumulate_dtype), device)
+        return self.zeros[key]
+
+    def _graph(self, vendor_op: VendorOp) -> _Graph | None:
+        if vendor_op not in self.graphs:
+            self.graphs[vendor_op] = _Graph.build(vendor_op, self.handle)
+        return self.graphs[vendor_op]
+
+
+class _Graph:
+    """A VendorOp's cuDNN graph with every plan built: its candidates, and its operand tensors by kernel
+    parameter position."""
+
+    def __init__(self, graph, operands: dict, candidates: list[Candidate], indices: dict[str, int]):
+        self.graph = graph
+        self.operands = operands
+        self.candidates = candidates
+        self.indices = indices
+
+    def index_of(self, plan: str) -> int | None:
+        return self.indices.get(plan)
+
+    @classmethod
+    def build(cls, vendor_op: VendorOp, handle) -> _Graph | None:
+        """The graph, or None where cuDNN does not take the op (unsupported anchor, epilogue or dtype)."""
+        cudnn = _cudnn()
+        anchor = vendor_op.anchor
+        types = {"float32": cudnn.data_type.FLOAT, "float16": cudnn.data_type.HALF,
+                 "bfloat16": cudnn.data_type.BFLOAT16}
+        if not isinstance(anchor, Conv2d) or anchor.dtype not in types or vendor_op.out_dtype not in types \
+                or any(op.kind == "cast" for op in vendor_op.epilogue[:-1]):
+            return None
+        graph = cudnn.pygraph(io_data_type=types[anchor.dtype], intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        operands = {}
+
+        def operand(position: int, dims: list[int], strides: list[int], dtype: str):
+            operands[position] = graph.tensor(dim=dims, stride=strides, data_type=types[dtype],
+                                              name=f"param{position}")
+            return operands[position]
+
+        layout = _Layout(anchor)
+        image = operand(vendor_op.data, *layout.image, anchor.dtype)
+        weight = operand(vendor_op.weight, *layout.weight, anchor.dtype)
+        value = graph.conv_fprop(image=image, weight=weight, pre_padding=list(anchor.padding[:2]),
+                                 post_padding=list(anchor.padding[2:]), stride=list(anchor.strides),
+                                 dilation=list(anchor.dilation), compute_data_type=cudnn.data_type.FLOAT,
+                                 name="conv")
+        if vendor_op.epilogue and vendor_op.epilogue[0].kind in ("relu", "clip"):
+            zeros = operand(ZEROS, *layout.operand(EpilogueOp("bias", anchor.accumulate_dtype, ZEROS, 1)),
+                            anchor.accumulate_dtype)
+            value = graph.add(a=value, b=zeros, name="zero_bias")
+        for step, op in enumerate(vendor_op.epilogue):
+            if op.kind == "cast":
+                continue  # the output's data type
+            other = None if op.operand is None else operand(op.operand, *layout.operand(op), op.dtype)
+            value = _pointwise(graph, op, value, other, f"op{step}")
+        value.set_output(True).set_data_type(types[vendor_op.out_dtype]).set_stride(layout.output[1])
+        operands[vendor_op.output] = value
+        try:
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            graph.build_plans(cudnn.build_plan_policy.ALL)
+        except Exception:  # noqa: BLE001  (cuDNN raises its own error types for a graph it does not take)
+            return None
+        candidates, indices = [], {}
+        for index in range(graph.get_execution_plan_count()):
+            try:
+                name = graph.get_plan_name_at_index(index)
+                workspace = graph.get_workspace_size_plan_at_index(index)
+            except Exception:  # noqa: BLE001  (a plan that did not build)
+                continue
+            if name not in indices:
+                indices[name] = index
+                candidates.append(Candidate(name, int(workspace)))
+        return cls(graph, operands, candidates, indices) if candidates else None
+
+
+class _Layout:
+    """cuDNN describes every conv tensor by NCHW-ordered dims with the strides of its real layout."""
+
+    def __init__(self, anchor: Conv2d):
+        self.anchor = anchor
+        self.channels_last = anchor.layout == "NHWC"
+        self.image = self._describe(anchor.data_shape)
+        self.weight = self._describe(anchor.weight_shape)
+        self.output = self._describe(anchor.out_shape)
+
+    def _describe(self, shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
+        """(dims, strides) in N, C, H, W order of a tensor stored as `shape` in the anchor's layout."""
+        strides = [1] * len(shape)
+        for axis in range(len(shape) - 2, -1, -1):
+            strides[axis] = strides[axis + 1] * shape[axis + 1]
+        if not self.channels_last:
+            return list(shape), strides
+        order = (0, 3, 1, 2)  # NHWC (or OHWI) positions of N, C, H, W
+        return [shape[axis] for axis in order], [strides[axis] for axis in order]
+
+    def operand(self, op: EpilogueOp) -> tuple[list[int], list[int]]:
+        """A bias varies along the channel axis only; any other operand has the output's shape."""
+        if op.axis is None:
+            return self.output
+        channels = self.output[0][1]
+        return [1, channels, 1, 1], [channels, 1, 1, 1]
+
+
+def _pointwise(graph, op: EpilogueOp, value, other, name: str):
+    """The cuDNN node of one epilogue op on `value` (and its operand tensor `other`)."""
+    if op.kind in ("bias", "residual"):
+        return graph.add(a=value, b=other, name=name)
+    if op.kind in ("subtract", "multiply", "divide"):
+        return getattr(graph, {"subtract": "sub", "multiply": "mul", "divide": "div"}[op.kind])(
+            a=value, b=other, name=name)
+    if op.kind == "relu":
+        return graph.relu(input=value, name=name)
+    if op.kind == "clip":
+        low, high = op.bounds
+        return graph.relu(input=value, lower_clip=LOWEST if low is None else low, upper_clip=high, name=name)
+    if op.kind == "sigmoid":
+        return graph.sigmoid(input=value, name=name)
+    if op.kind == "silu":
+        return graph.swish(input=value, name=name)
+    raise ValueError(f"no cuDNN node for epilogue op '{op.kind}'")

@@ -1,0 +1,100 @@
+"""Vendor libraries as kernel implementations: the interface each implements, their registry, and `Tactic`,
+the plain record of which vendor plan a kernel runs.
+
+A library turns a kernel's `VendorOp` into candidate plans (`candidates`), each with the workspace it
+needs, and into a launcher for one plan on a kernel's device buffers (`launcher`). A launcher is called
+with a CUDA stream and issues the kernel's work on it, so the executors capture vendor launches into their
+CUDA graphs exactly as they capture TVM's. Adding a library is one file with `@register_library(name)`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Callable
+
+from tvmsched.errors import ArtifactError, TargetError
+from tvmsched.registry import registrar
+from tvmsched.tactics.vendor_op import VendorOp
+
+SCHEMA = 1
+LIBRARIES: dict[str, type[VendorLibrary]] = {}
+
+Launcher = Callable[[object], None]  # called with the raw CUDA stream to issue the kernel on
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way a library can compute a VendorOp: the plan's name and the workspace bytes it needs."""
+
+    plan: str
+    workspace: int
+
+
+@dataclass(frozen=True)
+class Tactic:
+    """The vendor plan a kernel runs instead of TVM's function: library, the library's version (a plan is
+    named by the version it was chosen with), the plan, and its workspace bytes."""
+
+    library: str
+    version: str
+    plan: str
+    workspace: int
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "library": self.library, "version": self.version, "plan": self.plan,
+                "workspace": self.workspace}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Tactic:
+        if data.get("schema") != SCHEMA:
+            raise ArtifactError(f"tactic schema {data.get('schema')} is not {SCHEMA}; rebuild the model")
+        return cls(data["library"], data["version"], data["plan"], data["workspace"])
+
+
+class VendorLibrary(ABC):
+    """One vendor library on one device; what it makes (handles) is released when `owner` closes."""
+
+    name = "library"
+
+    def __init__(self, owner: ExitStack):
+        self.owner = owner
+
+    @staticmethod
+    @abstractmethod
+    def version() -> str | None:
+        """The installed library's version; None where it cannot be loaded (not installed)."""
+
+    @abstractmethod
+    def candidates(self, vendor_op: VendorOp, limit: int) -> list[Candidate]:
+        """Up to `limit` plans that compute `vendor_op`, the library's preferred first; none where the
+        library does not take it."""
+
+    @abstractmethod
+    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace) -> Launcher:
+        """Plan `plan` of `vendor_op` on `arguments` (the kernel's device tensors, in its parameter order)
+        with `workspace` (a device tensor of the plan's size, or None)."""
+
+
+register_library = registrar(LIBRARIES)  # class decorator: @register_library("name")
+
+
+def installed() -> dict[str, str]:
+    """The registered libraries that can be loaded here, with their versions."""
+    versions = {name: cls.version() for name, cls in LIBRARIES.items()}
+    return {name: version for name, version in versions.items() if version is not None}
+
+
+def open_library(tactic: Tactic, owner: ExitStack) -> VendorLibrary:
+    """The library a tactic was chosen from, opened for a run; refuses another version than the build's."""
+    cls = LIBRARIES.get(tactic.library)
+    version = cls and cls.version()
+    if version is None:
+        raise TargetError(f"this build runs kernels with {tactic.library}, which is not installed here; "
+                          f"install the GPU extra (pip install \"tvmsched[cuda]\") or rebuild with "
+                          f"--kernels tvm")
+    if version != tactic.version:
+        raise ArtifactError(f"this build chose its {tactic.library} plans with version {tactic.version}, "
+                            f"this is {version}; rebuild the model")
+    return cls(owner)

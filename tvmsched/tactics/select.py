@@ -1,0 +1,170 @@
+"""Tactic selection: for each kernel a vendor library could compute, the implementation that runs it
+fastest, by measurement, among TVM's compiled function and the installed libraries' plans.
+
+Each implementation is timed as the measured cost source times a stage (`measure.time_captured`: the
+kernel captured `COPIES` times into a CUDA graph, replayed back to back, CUDA events, median of rounds), in
+a `StageTimer`'s buffers, which one inference of standard-normal inputs has filled with realistic data.
+A vendor plan must first reproduce TVM's output (relative L2 difference within `TOLERANCE` of the dtype):
+a plan that differs (a TF32 engine where fp32 was asked, a broken one) or fails is never chosen.
+
+Timings are cached by (device, implementation, workload): a vendor plan by its library, version and
+VendorOp, TVM's function by its workload and the build's scheduled kernels (`kernels_hash`). A second build
+of the same model measures nothing and makes no timer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import tvm
+
+from tvmsched import measure
+from tvmsched.cache import cache_path, merge_into_cache, read_cache
+from tvmsched.errors import TargetError, UsageError
+from tvmsched.graph import Kernel, KernelGraph
+from tvmsched.tactics.library import LIBRARIES, Tactic, installed
+
+MODES = ("auto", "tvm", "vendor")
+TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
+COPIES = 10  # kernels per captured graph, so that the graph launch is amortized
+MAX_PLANS = 8  # of each library, in its own order of preference
+CACHE_SECTION = "timings1"  # raised when what a timing includes changes, so older timings stay apart
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What selection chose: the graph with its tactics, and per chosen kernel the measured milliseconds of
+    TVM's function and of the tactic (TVM's is absent under --kernels vendor, which does not time it)."""
+
+    graph: KernelGraph
+    timings: dict[int, tuple[float | None, float]]
+
+
+def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], object], device_name: str,
+                   kernels_hash: str, cache: Path | None = None,
+                   progress: Callable[[int, int], None] = lambda done, total: None) -> Selection:
+    """Choose each recognized kernel's implementation (`mode`: "auto" the fastest, "vendor" the fastest
+    vendor plan wherever one works, "tvm" none). `make_timer()` makes the StageTimer of the graph, only
+    where something is not cached; `progress(done, total)` follows the kernels."""
+    check_mode(mode)
+    recognized = [kernel for kernel in graph.kernels if kernel.vendor_op is not None]
+    versions = installed()
+    if mode == "vendor" and not versions:
+        raise TargetError("--kernels vendor needs a vendor library; install the GPU extra: "
+                          "pip install \"tvmsched[cuda]\"")
+    if mode == "tvm" or not recognized or not versions:
+        return Selection(graph, {})
+    with ExitStack() as owner:
+        selector = _Selector(owner, versions, make_timer, device_name, kernels_hash,
+                             cache or cache_path("tactics.json"))
+        try:
+            chosen = {}
+            representatives = {kernel.symbol: kernel for kernel in reversed(recognized)}
+            for done, kernel in enumerate(representatives.values()):
+                chosen[kernel.symbol] = selector.choose(kernel, mode)
+                progress(done + 1, len(representatives))
+        finally:
+            selector.save()
+    tactics = {kernel.id: chosen[kernel.symbol][0] for kernel in recognized if chosen[kernel.symbol]}
+    timings = {kernel.id: chosen[kernel.symbol][1] for kernel in recognized if chosen[kernel.symbol]}
+    return Selection(graph.with_tactics(tactics), timings)
+
+
+def check_mode(mode: str) -> None:
+    """Refuse an unknown kernel choice."""
+    if mode not in MODES:
+        raise UsageError(f"unknown kernel choice '{mode}'; choose one of {', '.join(MODES)}")
+
+
+class _Selector:
+    def __init__(self, owner: ExitStack, versions: dict[str, str], make_timer, device_name: str,
+                 kernels_hash: str, path: Path):
+        self.owner = owner
+        self.libraries = {name: LIBRARIES[name](owner) for name in versions}
+        self.versions = versions
+        self.make_timer = make_timer
+        self.timer = None
+        self.device_name = device_name
+        self.kernels_hash = kernels_hash
+        self.path = path
+        self.entries = read_cache(path).get(CACHE_SECTION, {})
+        self.measured: dict[str, float | None] = {}
+
+    def choose(self, kernel: Kernel, mode: str) -> tuple[Tactic, tuple[float | None, float]] | None:
+        """The fastest working tactic of `kernel` with (TVM's ms, its ms); None where TVM's function wins
+        or no plan works."""
+        options = []
+        for name, library in self.libraries.items():
+            workload = _digest(kernel.vendor_op.to_json())
+            for candidate in library.candidates(kernel.vendor_op, MAX_PLANS):
+                tactic = Tactic(name, self.versions[name], candidate.plan, candidate.workspace)
+                key = f"{self.device_name}/{name}-{tactic.version}/{workload}/{candidate.plan}"
+                ms = self._cached(key, lambda: self._time_tactic(kernel, tactic, library))  # noqa: B023
+                if ms is not None:
+                    options.append((ms, tactic))
+        if not options:
+            return None
+        best_ms, best = min(options, key=lambda option: option[0])
+        if mode == "vendor":
+            return best, (None, best_ms)
+        key = f"{self.device_name}/tvm/{kernel.workload}/{self.kernels_hash}"
+        tvm_ms = self._cached(key, lambda: self._time(self._timer().launchers[kernel.id]))
+        return (best, (tvm_ms, best_ms)) if best_ms < tvm_ms else None
+
+    def _cached(self, key: str, measure_ms: Callable[[], float | None]) -> float | None:
+        if key not in self.entries:
+            self.entries[key] = self.measured[key] = measure_ms()
+        return self.entries[key]
+
+    def _timer(self):
+        if self.timer is None:
+            self.timer = self.owner.enter_context(self.make_timer())
+        return self.timer
+
+    def _time(self, launch) -> float:
+        stream = self.timer.main_stream
+        return measure.time_captured(stream, lambda: [launch(stream) for _ in range(COPIES)],
+                                     replays=5, rounds=3) / COPIES
+
+    def _time_tactic(self, kernel: Kernel, tactic: Tactic, library) -> float | None:
+        """The tactic's milliseconds; None where it fails or its output differs from TVM's function's."""
+        timer = self._timer()
+        output = timer.buffers[kernel.outputs[0].name]
+        stream = timer.main_stream
+        timer.launchers[kernel.id](stream)
+        timer.synchronize()
+        expected = output.numpy()
+        workspace = tactic.workspace and tvm.runtime.empty((tactic.workspace,), "uint8", timer.device)
+        arguments = [timer.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+        try:
+            launch = library.launcher(kernel.vendor_op, tactic.plan, arguments, workspace or None)
+            output.copyfrom(np.zeros(output.shape, output.dtype))
+            launch(stream)
+            timer.synchronize()
+        except Exception:  # noqa: BLE001  (a plan that fails to run is not a candidate)
+            return None
+        if not relative_difference(output.numpy(), expected) <= TOLERANCE.get(kernel.outputs[0].dtype, 1e-5):
+            return None  # (NaN included)
+        return self._time(launch)
+
+    def save(self) -> None:
+        if self.measured:
+            merge_into_cache(self.path, CACHE_SECTION, self.measured)
+
+
+def relative_difference(actual: np.ndarray, expected: np.ndarray) -> float:
+    """‖actual − expected‖₂ / ‖expected‖₂ in float64 (the difference itself where expected is zero)."""
+    actual, expected = actual.astype(np.float64), expected.astype(np.float64)
+    scale = np.linalg.norm(expected)
+    difference = np.linalg.norm(actual - expected)
+    return float(difference / scale) if scale else float(difference)
+
+
+def _digest(data: dict) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
