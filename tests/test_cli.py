@@ -63,6 +63,9 @@ def test_build_run_bench_round_trip(tmp_path, branchy_model, capsys):
     assert main(["bench", str(tmp_path / "build"), "--repeat", "3", "--warmup", "1",
                  "--json", str(tmp_path / "bench.json")]) == 0
     assert json.loads((tmp_path / "bench.json").read_text())["median_ms"] > 0
+    assert main(["bench", str(tmp_path / "build"), "--budget", "0.5s", "--json",
+                 str(tmp_path / "bench.json")]) == 0
+    assert 3 <= json.loads((tmp_path / "bench.json").read_text())["repeat"] <= 200  # as the budget allows
     assert main(["run", str(tmp_path / "build"), "--input", "image=x.npy"]) == 2
 
 

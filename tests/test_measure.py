@@ -3,6 +3,7 @@ time per inference, the benchmark's statistics after its warm-up), that every CU
 destroyed, and that the benchmark, the stage timer and the profile's kernel timer all time through
 `tvmsched.measure`. CUDA runs on the CPU over a stand-in cudart (tests/fakecuda.py)."""
 
+import itertools
 import time
 from contextlib import ExitStack
 
@@ -47,22 +48,43 @@ def test_host_times_are_milliseconds_of_each_call(monkeypatch):
 
 
 class Launches:
-    """A stand-in executor whose inferences take the given milliseconds in turn."""
+    """A stand-in executor whose inferences take the given milliseconds in turn (on the host clock too, where
+    a test gives it one)."""
 
-    def __init__(self, times):
+    def __init__(self, times, clock=None):
         self.times = iter(times)
         self.timed = []
+        self.clock = clock
 
     def time_launches(self, repeat: int) -> list[float]:
         self.timed.append(repeat)
-        return [next(self.times) for _ in range(repeat)]
+        times = [next(self.times) for _ in range(repeat)]
+        if self.clock is not None:
+            self.clock[0] += sum(times) / 1e3
+        return times
 
 
 def test_the_benchmark_drops_its_warm_up_and_reports_the_median_min_and_max():
     executor = Launches([100.0, 100.0, 3.0, 1.0, 2.0, 10.0])
     assert measure.benchmark(executor, warmup=2, repeat=4) == {
         "median_ms": 2.5, "min_ms": 1.0, "max_ms": 10.0, "repeat": 4, "warmup": 2}
-    assert executor.timed == [2, 4]
+    assert executor.timed == [1, 1, 4]  # the first inference sets the pace
+
+
+@pytest.mark.parametrize("ms, warmup, repeat",
+                         [(31.25, 10, 48), (125.0, 5, 12), (1500.0, 1, 3), (0.1, 10, 200)])
+def test_a_benchmark_without_repeat_fits_its_budget(monkeypatch, ms, warmup, repeat):
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    executor = Launches(itertools.repeat(ms), clock)
+    reports = []
+    result = measure.benchmark(executor, warmup=10, budget_s=2.0,
+                               progress=lambda done, total: reports.append((done, total)))
+    # a quarter of the budget for the warm-up, the rest for the timed inferences, 3 to 200 of them
+    assert (result["warmup"], result["repeat"]) == (warmup, repeat)
+    assert sum(executor.timed) == warmup + repeat
+    assert reports == [(min(done, repeat), repeat) for done in range(10, repeat + 10, 10)]
+    assert measure.benchmark(Launches(itertools.repeat(ms), clock), warmup=1, repeat=4)["repeat"] == 4
 
 
 @pytest.fixture
@@ -101,7 +123,7 @@ def test_the_profiles_kernel_timer_times_through_measure(branchy_model, calls):
     model = tvmsched.compile(branchy_model, target="llvm", batch=1)
     profile = model.profile(repeat=3)
     kernels = len(model.graph.kernels)
-    assert calls == ["benchmark", "host_times", "host_times"] + ["host_times"] * kernels
+    assert calls == ["benchmark"] + ["host_times"] * (3 + kernels)  # warm-up: a first inference, then 9
     assert all(np.isfinite(kernel.ms) and kernel.ms > 0 for kernel in profile.kernels)
 
 

@@ -314,12 +314,14 @@ class CompiledModel:
         rng = np.random.default_rng(seed)
         return {spec.name: sample_value(spec.shape, spec.dtype, rng) for spec in self.inputs}
 
-    def benchmark(self, warmup: int = 10, repeat: int = 50) -> dict:
-        """Median, min and max milliseconds of `repeat` inferences after `warmup` ones, inputs already on
-        the device (CUDA events on GPU executors with streams, the host clock otherwise)."""
+    def benchmark(self, warmup: int = 10, repeat: int | None = None, budget_s: float = measure.BUDGET_S,
+                  progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
+        """Median, min and max milliseconds of `repeat` inferences after up to `warmup` ones, inputs already
+        on the device (CUDA events on GPU executors with streams, the host clock otherwise); `repeat` None:
+        as many as `budget_s` seconds allow (`measure.benchmark`), `progress(done, repeat)` follows them."""
         with self.exclusive() as executor:
             executor.run(self.check_inputs(self.random_inputs()))
-            timings = measure.benchmark(executor, warmup, repeat)
+            timings = measure.benchmark(executor, warmup, repeat, budget_s, progress)
         return {**timings, "executor": self.executor_name, "device": device_name(self.meta.target)}
 
     def profile(self, repeat: int = 50):

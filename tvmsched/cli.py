@@ -110,8 +110,14 @@ def _build_parser() -> _Parser:
                                 description=SAVED_BUILD_HELP)
     bench.add_argument("model", help="a build directory, an .onnx file or a zoo model name")
     _add_compile_flags(bench)
-    bench.add_argument("--warmup", type=_count, default=10, help="untimed runs first (default 10)")
-    bench.add_argument("--repeat", type=_positive, default=50, help="timed runs; the median is reported")
+    bench.add_argument("--warmup", type=_count, default=10,
+                       help="untimed runs first (default 10, fewer where they would take over a quarter of "
+                            "--budget)")
+    bench.add_argument("--repeat", type=_positive, default=None,
+                       help="timed runs; the median is reported (default: as many as --budget allows, 3 to "
+                            "200)")
+    bench.add_argument("--budget", type=_duration, default=2.0, metavar="2s",
+                       help="about how long the timing may take where --repeat is not given (default 2s)")
     bench.add_argument("--json", type=_output("file"), metavar="FILE", help="also write the result as JSON")
     bench.set_defaults(handler=_bench)
 
@@ -467,13 +473,15 @@ def _read_array(where: str, path: Path) -> np.ndarray:
 
 def _bench(args) -> None:
     model = _compiled(args)
-    with model:
+    with model, console.status(f"{args.model}: warming up") as status:
+        def progress(done: int, total: int) -> None:
+            status.update(f"{args.model}: {done}/{total} inferences timed")
         result = {"model": args.model, "target": model.meta.target.key, "kernels": len(model.graph.kernels),
                   "schedule": model.plan.scheduler, "streams": model.plan.num_streams,
-                  **model.benchmark(warmup=args.warmup, repeat=args.repeat)}
+                  **model.benchmark(args.warmup, args.repeat, args.budget, progress)}
     Console().print(f"{args.model} on {result['device']} ({result['executor']}, {result['schedule']}, "
                     f"{result['streams']} streams): median {result['median_ms']:.3f} ms "
-                    f"(min {result['min_ms']:.3f}, max {result['max_ms']:.3f}, {args.repeat} runs)")
+                    f"(min {result['min_ms']:.3f}, max {result['max_ms']:.3f}, {result['repeat']} runs)")
     if args.json:
         with _writing(args.json):
             args.json.write_text(json.dumps(result, indent=1))

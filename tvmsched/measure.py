@@ -18,6 +18,9 @@ from typing import Callable
 
 from tvmsched import cuda
 
+BUDGET_S = 2.0  # a benchmark's time budget, warm-up included, where the caller sets no repeat count
+MIN_REPEAT, MAX_REPEAT = 3, 200
+PROGRESS_EVERY = 10  # timed inferences between progress reports
 
 def summary(times: list[float], warmup: int, repeat: int) -> dict:
     """The statistics of `repeat` timed runs after `warmup` ones: median, min and max milliseconds."""
@@ -25,11 +28,28 @@ def summary(times: list[float], warmup: int, repeat: int) -> dict:
             "repeat": repeat, "warmup": warmup}
 
 
-def benchmark(executor, warmup: int, repeat: int) -> dict:
-    """The `summary` of `repeat` inferences by `executor` after `warmup` (timed alike, and dropped), each
-    launched on an idle device and waited for, by the executor's clock (`Executor.time_launches`)."""
-    executor.time_launches(warmup)
-    return summary(executor.time_launches(repeat), warmup, repeat)
+def benchmark(executor, warmup: int = 10, repeat: int | None = None, budget_s: float = BUDGET_S,
+              progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
+    """The `summary` of `repeat` inferences by `executor` after a warm-up (timed alike, and dropped), each
+    launched on an idle device and waited for, by the executor's clock (`Executor.time_launches`).
+
+    The first warm-up inference sets the pace: the warm-up stops short of `warmup` inferences where they
+    would take over a quarter of `budget_s` seconds, and `repeat` None times as many as the other three
+    quarters allow (from MIN_REPEAT to MAX_REPEAT), so a slow model on a CPU is not timed for minutes.
+    `progress(done, repeat)` follows the timed inferences, every PROGRESS_EVERY."""
+    start = time.perf_counter()
+    executor.time_launches(1)
+    pace = max(time.perf_counter() - start, 1e-6)  # seconds per inference
+    rest = min(warmup - 1, int(budget_s / 4 / pace))
+    if rest > 0:
+        executor.time_launches(rest)
+    if repeat is None:
+        repeat = min(max(int(budget_s * 3 / 4 / pace), MIN_REPEAT), MAX_REPEAT)
+    times: list[float] = []
+    while len(times) < repeat:
+        times += executor.time_launches(min(PROGRESS_EVERY, repeat - len(times)))
+        progress(len(times), repeat)
+    return summary(times, 1 + max(rest, 0), repeat)
 
 
 def host_times(run: Callable[[], None], repeat: int) -> list[float]:
