@@ -48,3 +48,15 @@ def test_second_build_measures_nothing(branchy_model, private_cache, monkeypatch
     monkeypatch.setattr(streams.StageTimer, "__init__", no_timer)
     second = tvmsched.compile(branchy_model, target="cuda", batch=4, kernels="vendor")
     assert second.graph == first.graph
+
+
+def test_a_batch_norm_after_a_convolution_runs_folded_in_cudnn(private_cache):
+    from test_tactics_select import network
+
+    proto = network()
+    model = tvmsched.compile(proto, target="cuda", batch=2, kernels="vendor")
+    batch_norm = [kernel for kernel in model.graph.kernels
+                  if kernel.vendor_op is not None and "subtract" in kernel.vendor_op.name]
+    assert batch_norm and all(kernel.tactic is not None for kernel in batch_norm)
+    x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype("float32")
+    np.testing.assert_allclose(model(x), _reference(proto, x), rtol=1e-4, atol=1e-5)

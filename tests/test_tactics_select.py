@@ -73,7 +73,7 @@ def standin(monkeypatch):
     def time_captured(stream, issue, replays, rounds):
         before = len(StandIn.launched)
         issue()
-        plans = {plan for plan, _, _ in StandIn.launched[before:]} or {"tvm"}
+        plans = {launch[0] for launch in StandIn.launched[before:]} or {"tvm"}
         [plan] = plans
         return times[plan] * select.COPIES
     monkeypatch.setattr(measure, "time_captured", time_captured)
@@ -89,7 +89,7 @@ def choose(model, mode: str, cache, make_timer=None):
     def timer():
         return StageTimer(model.library, model.graph, model.plan, model.constants, tvm.cpu(), max_groups=1)
     return select.select_tactics(model.graph, mode, make_timer or timer, "cpu-test", model.meta.kernels_hash,
-                                 cache=cache)
+                                 model.constants, cache=cache)
 
 
 def test_every_recognized_kernel_computes_its_vendor_op(fake_cuda, model):
@@ -177,8 +177,11 @@ def test_executors_launch_the_chosen_plans_on_their_streams(fake_cuda, standin, 
             [actual] = running.run([x])
         np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
         assert len(StandIn.launched) == vendor
-        assert {workspace for _, _, workspace in StandIn.launched} == {WORKSPACE}
-        streams = {stream for _, stream, _ in StandIn.launched}
+        assert {workspace for _, _, workspace, _ in StandIn.launched} == {WORKSPACE}
+        # the batch norm after the first convolution reaches the library folded into its weights and a bias
+        assert "conv2d+bias" in {name for _, _, _, name in StandIn.launched}
+        assert not any("subtract" in name for _, _, _, name in StandIn.launched)
+        streams = {stream for _, stream, _, _ in StandIn.launched}
         assert streams == ({None} if executor is SequentialExecutor else set(running.streams))
 
 

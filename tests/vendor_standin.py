@@ -4,7 +4,8 @@ run tactic selection and the executors' vendor launches without a GPU.
 
 Its plans are named in `StandIn.plans`: "exact" computes the op, "off" adds 1e-3 to every element (a plan
 whose numbers differ, like a TF32 engine where fp32 was asked), "fails" raises when launched; each needs
-`WORKSPACE` bytes. Every launch is recorded in `StandIn.launched` as (plan, stream, workspace bytes).
+`WORKSPACE` bytes. Every launch is recorded in `StandIn.launched` as (plan, stream, workspace bytes, the
+VendorOp's name).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class StandIn(VendorLibrary):
 
     name = "standin"
     plans = ("exact",)
-    launched: list[tuple[str, object, int]] = []
+    launched: list[tuple[str, object, int, str]] = []
     released = 0
 
     def __init__(self, owner):
@@ -98,7 +99,8 @@ class StandIn(VendorLibrary):
 
     def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace):
         def launch(stream) -> None:
-            StandIn.launched.append((plan, stream, 0 if workspace is None else workspace.numpy().nbytes))
+            StandIn.launched.append((plan, stream, 0 if workspace is None else workspace.numpy().nbytes,
+                                     vendor_op.name))
             if plan == "fails":
                 raise RuntimeError("the stand-in plan 'fails' failed")
             value = compute(vendor_op, [argument.numpy() for argument in arguments])

@@ -168,7 +168,7 @@ def choose_tactics(model: CompiledModel, kernels: str, progress: Callable[[str],
     def report(done: int, total: int) -> None:
         progress(f"choosing kernel implementations ({done}/{total} kernels timed)")
     return select_tactics(model.graph, kernels, make_timer, device_name(model.meta.target),
-                          model.meta.kernels_hash, progress=report)
+                          model.meta.kernels_hash, model.constants, progress=report)
 
 
 def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: CostModel, context: dict) -> ExecutionPlan:

@@ -16,6 +16,7 @@ from tvmsched.errors import TargetError
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.plan import ExecutionPlan
 from tvmsched.registry import registrar
+from tvmsched.tactics.affine import vendor_call
 from tvmsched.tactics.library import Launcher, VendorLibrary, open_library
 
 EXECUTORS: dict[str, type[Executor]] = {}
@@ -82,6 +83,7 @@ class Executor(ABC):
                 self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
         self.resources = ExitStack()  # releases the vendor libraries' handles (and subclasses' own)
         self.libraries: dict[str, VendorLibrary] = {}
+        self.vendor_arguments: dict[int, list] = {}  # by kernel: what its plan reads, folded weights too
         try:
             self.launchers = {kernel.id: self._launcher(library, kernel) for kernel in graph.kernels}
         except BaseException:
@@ -96,7 +98,10 @@ class Executor(ABC):
             tactic = kernel.tactic
             if tactic.library not in self.libraries:
                 self.libraries[tactic.library] = open_library(tactic, self.resources)
-            return self.libraries[tactic.library].launcher(kernel.vendor_op, tactic.plan, arguments,
+            vendor_op, folded = vendor_call(kernel, lambda name: self.buffers[name].numpy())
+            arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
+            self.vendor_arguments[kernel.id] = arguments
+            return self.libraries[tactic.library].launcher(vendor_op, tactic.plan, arguments,
                                                           workspace[0] if workspace else None)
         return tvm_launcher(self.device, library[kernel.symbol], arguments + workspace)
 

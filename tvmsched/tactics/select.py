@@ -28,6 +28,7 @@ from tvmsched import measure
 from tvmsched.cache import cache_path, merge_into_cache, read_cache
 from tvmsched.errors import TargetError, UsageError
 from tvmsched.graph import Kernel, KernelGraph
+from tvmsched.tactics.affine import vendor_call
 from tvmsched.tactics.library import LIBRARIES, Tactic, installed
 
 MODES = ("auto", "tvm", "vendor")
@@ -47,11 +48,13 @@ class Selection:
 
 
 def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], object], device_name: str,
-                   kernels_hash: str, cache: Path | None = None,
+                   kernels_hash: str, constants: dict[str, np.ndarray], cache: Path | None = None,
                    progress: Callable[[int, int], None] = lambda done, total: None) -> Selection:
     """Choose each recognized kernel's implementation (`mode`: "auto" the fastest, "vendor" the fastest
     vendor plan wherever one works, "tvm" none). `make_timer()` makes the StageTimer of the graph, only
-    where something is not cached; `progress(done, total)` follows the kernels."""
+    where something is not cached; `constants` are the graph's constant values by name (a batch norm after
+    a convolution is folded into its weights for the libraries, `tactics.affine`); `progress(done, total)`
+    follows the kernels."""
     check_mode(mode)
     recognized = [kernel for kernel in graph.kernels if kernel.vendor_op is not None]
     versions = installed()
@@ -61,7 +64,7 @@ def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], objec
     if mode == "tvm" or not recognized or not versions:
         return Selection(graph, {})
     with ExitStack() as owner:
-        selector = _Selector(owner, versions, make_timer, device_name, kernels_hash,
+        selector = _Selector(owner, versions, make_timer, device_name, kernels_hash, constants,
                              cache or cache_path("tactics.json"))
         try:
             chosen = {}
@@ -84,7 +87,7 @@ def check_mode(mode: str) -> None:
 
 class _Selector:
     def __init__(self, owner: ExitStack, versions: dict[str, str], make_timer, device_name: str,
-                 kernels_hash: str, path: Path):
+                 kernels_hash: str, constants: dict[str, np.ndarray], path: Path):
         self.owner = owner
         self.libraries = {name: LIBRARIES[name](owner) for name in versions}
         self.versions = versions
@@ -92,6 +95,7 @@ class _Selector:
         self.timer = None
         self.device_name = device_name
         self.kernels_hash = kernels_hash
+        self.constants = constants
         self.path = path
         self.entries = read_cache(path).get(CACHE_SECTION, {})
         self.measured: dict[str, float | None] = {}
@@ -100,12 +104,14 @@ class _Selector:
         """The fastest working tactic of `kernel` with (TVM's ms, its ms); None where TVM's function wins
         or no plan works."""
         options = []
+        vendor_op, folded = vendor_call(kernel, self.constants.__getitem__)
+        workload = _digest(vendor_op.to_json())
         for name, library in self.libraries.items():
-            workload = _digest(kernel.vendor_op.to_json())
-            for candidate in library.candidates(kernel.vendor_op, MAX_PLANS):
+            for candidate in library.candidates(vendor_op, MAX_PLANS):
                 tactic = Tactic(name, self.versions[name], candidate.plan, candidate.workspace)
                 key = f"{self.device_name}/{name}-{tactic.version}/{workload}/{candidate.plan}"
-                ms = self._cached(key, lambda: self._time_tactic(kernel, tactic, library))  # noqa: B023
+                ms = self._cached(key, lambda: self._time_tactic(kernel, vendor_op,  # noqa: B023
+                                                                 folded, tactic, library))  # noqa: B023
                 if ms is not None:
                     options.append((ms, tactic))
         if not options:
@@ -132,8 +138,10 @@ class _Selector:
         return measure.time_captured(stream, lambda: [launch(stream) for _ in range(COPIES)],
                                      replays=5, rounds=3) / COPIES
 
-    def _time_tactic(self, kernel: Kernel, tactic: Tactic, library) -> float | None:
-        """The tactic's milliseconds; None where it fails or its output differs from TVM's function's."""
+    def _time_tactic(self, kernel: Kernel, vendor_op, folded: list[np.ndarray], tactic: Tactic,
+                     library) -> float | None:
+        """The tactic's milliseconds computing `vendor_op` (with the `folded` arrays after the kernel's
+        parameters); None where it fails or its output differs from TVM's function's."""
         timer = self._timer()
         output = timer.buffers[kernel.outputs[0].name]
         stream = timer.main_stream
@@ -142,8 +150,9 @@ class _Selector:
         expected = output.numpy()
         workspace = tactic.workspace and tvm.runtime.empty((tactic.workspace,), "uint8", timer.device)
         arguments = [timer.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+        arguments += [tvm.runtime.tensor(array, timer.device) for array in folded]
         try:
-            launch = library.launcher(kernel.vendor_op, tactic.plan, arguments, workspace or None)
+            launch = library.launcher(vendor_op, tactic.plan, arguments, workspace or None)
             output.copyfrom(np.zeros(output.shape, output.dtype))
             launch(stream)
             timer.synchronize()

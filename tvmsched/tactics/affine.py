@@ -1,0 +1,72 @@
+"""What a vendor library is asked to compute for a kernel: its VendorOp on its parameters, with a constant
+per-channel affine epilogue folded into the weights.
+
+A batch norm that the model left after a convolution reaches the kernel as `conv2d` then per-channel
+subtract, divide, multiply and add of constants. cuDNN fuses a bias after a convolution but not those, so
+such kernels had no vendor plan. The leading run of per-channel constant ops, x * s + t, is folded into a
+copy of the weights (scaled by s along the output channels) and one bias t: the library computes conv2d +
+bias + the rest of the epilogue on the folded parameters, which are appended after the kernel's own. The
+result differs from TVM's kernel by rounding only; selection's numeric check compares them as for any plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from tvmsched.graph import Kernel
+from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, VendorOp
+
+FOLDABLE = ("bias", "subtract", "multiply", "divide")
+
+
+def fold_affine(vendor_op: VendorOp, constants: dict[int, np.ndarray],
+                parameters: int) -> tuple[VendorOp, list[np.ndarray]] | None:
+    """The VendorOp with its leading per-channel constant ops folded, and the folded weight and bias, which
+    become parameters `parameters` and `parameters + 1`; None where nothing folds (no such op beyond a bias,
+    weights that are not constant, not a convolution). `constants` holds the constant parameters by
+    position."""
+    anchor = vendor_op.anchor
+    if not isinstance(anchor, Conv2d) or vendor_op.weight not in constants:
+        return None
+    axis = 3 if anchor.layout == "NHWC" else 1
+    channels = anchor.out_shape[axis]
+    scale, shift = np.ones(channels), np.zeros(channels)
+    folded = 0
+    for op in vendor_op.epilogue:
+        if op.kind not in FOLDABLE or op.axis != axis or op.operand not in constants \
+                or op.dtype != anchor.accumulate_dtype:
+            break
+        value = constants[op.operand].astype(np.float64).reshape(-1)
+        if value.size != channels:
+            break
+        if op.kind == "bias":
+            shift = shift + value
+        elif op.kind == "subtract":
+            shift = shift - value
+        elif op.kind == "multiply":
+            scale, shift = scale * value, shift * value
+        else:
+            scale, shift = scale / value, shift / value
+        folded += 1
+    if not any(op.kind != "bias" for op in vendor_op.epilogue[:folded]):
+        return None
+    weight = constants[vendor_op.weight]
+    scaled = (weight.astype(np.float64) * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(weight.dtype)
+    bias = EpilogueOp("bias", anchor.accumulate_dtype, parameters + 1, axis)
+    op = replace(vendor_op, weight=parameters, epilogue=(bias, *vendor_op.epilogue[folded:]))
+    shape = [channels if dimension == axis else 1 for dimension in range(len(anchor.out_shape))]
+    return op, [scaled, shift.reshape(shape).astype(anchor.accumulate_dtype)]
+
+
+def vendor_call(kernel: Kernel, value: Callable[[str], np.ndarray]) -> tuple[VendorOp, list[np.ndarray]]:
+    """The VendorOp a library computes for `kernel`, and the arrays to pass after the kernel's parameters
+    (inputs, then outputs): folded by `fold_affine` where the epilogue allows, else the kernel's own op and
+    none. `value(name)` is a constant tensor's value on the host."""
+    read = {kernel.vendor_op.weight, *(op.operand for op in kernel.vendor_op.epilogue)}
+    constants = {position: value(tensor.name) for position, tensor in enumerate(kernel.inputs)
+                 if position in read and tensor.kind == "constant"}
+    folding = fold_affine(kernel.vendor_op, constants, len(kernel.inputs) + len(kernel.outputs))
+    return folding or (kernel.vendor_op, [])
