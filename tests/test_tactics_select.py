@@ -152,8 +152,10 @@ def test_vendor_without_a_library_or_a_gpu_is_refused(model, tmp_path, monkeypat
     assert choose(model, "auto", tmp_path / "tactics.json").graph == model.graph
     with pytest.raises(UsageError, match="unknown kernel choice 'fast'"):
         choose(model, "fast", tmp_path / "tactics.json")
-    with pytest.raises(TargetError, match="needs a CUDA target"):
-        tvmsched.compile(network(), target="llvm", batch=2, kernels="vendor")
+    for kernels, error in (("vendor", "needs a CUDA target"), ("fast", "unknown kernel choice")):
+        with pytest.raises((TargetError, UsageError), match=error):  # before anything is compiled
+            tvmsched.compile(network(), target="llvm", batch=2, kernels=kernels,
+                             progress=lambda stage: pytest.fail(f"started {stage}"))
 
 
 def with_tactics(model, tmp_path, schedule: str = "greedy") -> CompiledModel:

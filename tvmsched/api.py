@@ -115,6 +115,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `progress` is called with the name of each stage as it starts.
     """
     spec = resolve_target(target)
+    check_mode(kernels)
+    if kernels == "vendor" and not _has_gpu(spec):
+        raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA target and "
+                          "its GPU; use --kernels tvm (or auto) here")
     progress("loading the model")
     proto = model_proto(model, batch)
     constant_inputs = constant_inputs or {}
@@ -144,8 +148,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     if selection.timings:
         graph = selection.graph
         sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
-        model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
-    model.selection = selection
+    model = CompiledModel(built.executable, graph, sequential, constants, meta, executor, selection)
     if schedule == "sequential":
         return model
     progress(f"scheduling ({schedule})")
@@ -154,11 +157,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
 
 def choose_tactics(model: CompiledModel, kernels: str, progress: Callable[[str], None]) -> Selection:
     """`tactics.select_tactics` for a freshly compiled model, timed on its GPU; TVM alone without one."""
-    check_mode(kernels)
-    if model.meta.target.kind != "cuda" or not tvm.cuda(0).exist:
-        if kernels == "vendor":
-            raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA "
-                              "target and its GPU; use --kernels tvm (or auto) here")
+    if not _has_gpu(model.meta.target):
         return Selection(model.graph, {})
     device = device_for(model.meta.target)
 
@@ -169,6 +168,11 @@ def choose_tactics(model: CompiledModel, kernels: str, progress: Callable[[str],
         progress(f"choosing kernel implementations ({done}/{total} kernels timed)")
     return select_tactics(model.graph, kernels, make_timer, device_name(model.meta.target),
                           model.meta.kernels_hash, model.constants, progress=report)
+
+
+def _has_gpu(spec: TargetSpec) -> bool:
+    """Whether `spec` is a CUDA target and this machine has its GPU (to time kernels and stages on)."""
+    return spec.kind == "cuda" and tvm.cuda(0).exist
 
 
 def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: CostModel, context: dict) -> ExecutionPlan:
@@ -185,7 +189,7 @@ class CompiledModel:
     """
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan, constants: dict[str, np.ndarray],
-                 meta: ModelMeta, executor: str | None = None):
+                 meta: ModelMeta, executor: str | None = None, selection: Selection | None = None):
         self.library = library
         self.graph = graph
         self.plan = plan
@@ -194,7 +198,7 @@ class CompiledModel:
         self.executor_name = executor or default_executor(meta.target)
         self._executor = None
         self._lock = threading.Lock()
-        self.selection: Selection | None = None  # what tactic selection measured, on a fresh compile
+        self.selection = selection  # what tactic selection measured, on a fresh compile
 
     def reschedule(self, schedule: str, max_streams: int = 8, executor: str | None = None,
                    cost: str | None = None, **schedule_options) -> CompiledModel:
@@ -206,7 +210,8 @@ class CompiledModel:
         scheduler = create_scheduler(schedule, max_streams=max_streams, **schedule_options)
         with self.cost_model(cost, max_streams) as cost_model:  # saves measurements also when interrupted
             plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
-        return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor)
+        return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor,
+                             self.selection)
 
     def close(self) -> None:
         """Close the executor, if one was made (destroying its CUDA streams, events and graph), and drop it
@@ -226,7 +231,7 @@ class CompiledModel:
     def cost_model(self, name: str | None = None, max_streams: int = 8) -> CostModel:
         """A stage-latency source for this model's graph (see `reschedule`). Close it when done, e.g. by a
         `with` block: a measured one holds a GPU timer and saves its measurements on closing."""
-        gpu_present = self.meta.target.kind == "cuda" and tvm.cuda(0).exist
+        gpu_present = _has_gpu(self.meta.target)
         name = name or ("measured" if gpu_present else "analytic")
         if name != "measured":
             return create_cost_model(name, self.graph)
