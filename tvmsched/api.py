@@ -28,6 +28,7 @@ from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import kernel_module, lower
 from tvmsched.plan import ExecutionPlan, make_plan
+from tvmsched.precision import check_precision
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics.select import Selection, check_mode, select_tactics
 from tvmsched.target import (
@@ -59,6 +60,7 @@ class ModelMeta:
     kernels_hash: str = ""  # of the scheduled kernels, so stage latencies measured for them stay theirs
     fallbacks: tuple[tuple[str, str], ...] = ()  # (symbol, why) of kernels whose first schedule failed
     constant_inputs: tuple[ConstantInput, ...] = ()
+    precision: str = "fp32"  # "fp16": float16 with float32 accumulation (builds before it are fp32)
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
@@ -66,7 +68,8 @@ class ModelMeta:
                 "tvm_version": self.tvm_version, "tuned_kernels": list(self.tuned_kernels),
                 "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash,
                 "fallbacks": dict(self.fallbacks),
-                "constant_inputs": [constant.to_json() for constant in self.constant_inputs]}
+                "constant_inputs": [constant.to_json() for constant in self.constant_inputs],
+                "precision": self.precision}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -77,7 +80,8 @@ class ModelMeta:
                    TargetSpec.from_json(data["target"]), data["tvm_version"],
                    tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""),
                    tuple(data.get("fallbacks", {}).items()),
-                   tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())))
+                   tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())),
+                   data.get("precision", "fp32"))
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -95,6 +99,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
             constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto",
+            precision: str = "fp32",
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -112,10 +117,14 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     fastest by measurement on this build's GPU, "vendor" a vendor plan wherever one works, "tvm" TVM alone.
     Without the GPU or the vendor libraries, "auto" is TVM alone.
 
+    `precision` "fp16" computes in float16 with float32 accumulation (`tvmsched.precision`); inputs and
+    outputs keep the model's dtypes.
+
     `progress` is called with the name of each stage as it starts.
     """
     spec = resolve_target(target)
     check_mode(kernels)
+    check_precision(precision)
     if kernels == "vendor" and not _has_gpu(spec):
         raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA target and "
                           "its GPU; use --kernels tvm (or auto) here")
@@ -124,7 +133,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     constant_inputs = constant_inputs or {}
     inputs = frontend.bind_input_shapes(proto, batch, input_shapes, constant_inputs)
     progress("importing ONNX into Relax")
-    relax_module = frontend.to_relax(proto, inputs, constant_inputs)
+    relax_module = frontend.to_relax(proto, inputs, constant_inputs, precision)
     progress("lowering and fusing")
     lowered = lower(relax_module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
@@ -140,7 +149,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
                      ", ".join(str(log.directory) for log in used) or None, built.kernels_hash,
                      tuple(sorted(built.fallbacks.items())),
-                     tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()))
+                     tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
+                     precision)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)

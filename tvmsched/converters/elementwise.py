@@ -44,6 +44,34 @@ class BitShift(OnnxOpConverter):
         return relax.op.where(in_range, shifted, fill)
 
 
+@register_converter("Clip")
+class Clip(OnnxOpConverter):
+    """Clip as Relax `maximum` and `minimum`: TVM's converter emits them as TE calls, which TVM's mixed
+    precision pass cannot carry float16 through (--precision fp16 failed on any model with a ReLU6). A NaN
+    bound is no bound, as in ONNX and onnxruntime."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        bounds = [attr.get(name) for name in ("min", "max")]
+        return cls._clip(bb, x, *(None if bound is None else _const(float(bound), x) for bound in bounds))
+
+    @classmethod
+    def _impl_v11(cls, bb, inputs, attr, params):
+        return cls._clip(bb, inputs[0], *(list(inputs[1:3]) + [None, None])[:2])
+
+    @classmethod
+    def _clip(cls, bb, x, low, high):
+        result = x
+        for bound, limit, unbounded in ((low, relax.op.maximum, -np.inf), (high, relax.op.minimum, np.inf)):
+            if bound is None:
+                continue
+            if _is_float(dtype_of(bound)):
+                bound = bb.emit(relax.op.where(relax.op.isnan(bound), _const(unbounded, bound), bound))
+            result = bb.emit(limit(result, bound))
+        return result
+
+
 @register_converter("IsInf")
 class IsInf(OnnxOpConverter):
     @classmethod

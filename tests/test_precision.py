@@ -1,0 +1,63 @@
+"""--precision fp16 on the CPU: float16 kernels whose results stay within the stated tolerance of the fp32
+build, with the model's input and output dtypes; the precision is saved with a build and is a compile flag;
+a model TVM's mixed-precision pass does not take is refused with the fix."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import make_model, tensor
+from onnx import helper
+from test_tactics_select import network
+
+import tvmsched
+from tvmsched.cli import main
+from tvmsched.errors import UnsupportedOperator, UsageError
+
+TOLERANCE = 1e-2  # max |fp16 - fp32| over max |fp32|, the figure docs/DESIGN.md states
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(actual.astype(np.float64) - expected).max() / np.abs(expected).max())
+
+
+@pytest.mark.parametrize("model", ["network", "branchy"])
+def test_fp16_stays_within_the_tolerance_of_fp32(model, branchy_model):
+    proto, shape = (network(), (2, 3, 8, 8)) if model == "network" else (branchy_model, (2, 3, 8, 8))
+    half = tvmsched.compile(proto, target="llvm", batch=2, precision="fp16")
+    full = tvmsched.compile(proto, target="llvm", batch=2)
+    assert half.meta.precision == "fp16" and full.meta.precision == "fp32"
+    dtypes = {tensor.dtype for kernel in half.graph.kernels for tensor in kernel.inputs + kernel.outputs}
+    assert "float16" in dtypes and "float16" not in {tensor.dtype for kernel in full.graph.kernels
+                                                    for tensor in kernel.inputs + kernel.outputs}
+    x = np.random.default_rng(2).standard_normal(shape).astype("float32")
+    actual, expected = half(x), full(x)
+    assert actual.dtype == expected.dtype == np.float32 and actual.shape == expected.shape
+    assert 0 < relative_error(actual, expected) <= TOLERANCE  # rounded to float16, and not more
+
+
+def test_the_precision_is_saved_and_is_a_compile_flag(branchy_model, tmp_path, capsys):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(branchy_model.SerializeToString())
+    assert main(["build", str(path), "--target", "llvm", "--batch", "2", "--precision", "fp16",
+                 "-o", str(tmp_path / "build")]) == 0
+    assert "in fp16" in capsys.readouterr().err
+    assert json.loads((tmp_path / "build" / "meta.json").read_text())["precision"] == "fp16"
+    assert tvmsched.load(tmp_path / "build").meta.precision == "fp16"
+    assert main(["run", str(tmp_path / "build"), "--precision", "fp32"]) == 2
+    assert "--precision applies when compiling" in capsys.readouterr().err
+    meta = json.loads((tmp_path / "build" / "meta.json").read_text())
+    del meta["precision"]  # a build made before precisions existed is fp32
+    assert tvmsched.api.ModelMeta.from_json(meta).precision == "fp32"
+
+
+def test_an_unknown_precision_or_one_the_pass_cannot_take_is_refused(branchy_model):
+    with pytest.raises(UsageError, match="unknown precision 'fp8'"):
+        tvmsched.compile(branchy_model, target="llvm", precision="fp8",
+                         progress=lambda stage: pytest.fail(f"started {stage}"))
+    weight = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Softplus", ["c"], ["y"])]  # converted through TE: the pass cannot cross it
+    proto = make_model(nodes, [tensor("x", [1, 3, 6, 6])], [tensor("y", [1, 4, 6, 6])], {"w": weight})
+    with pytest.raises(UnsupportedOperator, match="pass does not take this model.*--precision fp32"):
+        tvmsched.compile(proto, target="llvm", precision="fp16")
