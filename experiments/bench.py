@@ -13,7 +13,9 @@ Results accumulate in the JSON of --out-dir (today's, or --date's): cases it alr
 
 A case is MODEL:BATCH for a zoo model (PyTorch runs its ONNX graph, experiments/torch_onnx.py) or
 tv:MODEL:BATCH for a torchvision classification network (random weights, exported to ONNX for tvmsched;
-PyTorch runs the torchvision module itself).
+PyTorch runs the torchvision module itself); a trailing :fp16 (googlenet:1:fp16) measures both in half
+precision: tvmsched --precision fp16, PyTorch's module in float16 and channels_last. Outputs are checked
+against PyTorch's fp32 output, within --tolerance (fp32) or --fp16-tolerance.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
 from tvmsched.graph import extract
 from tvmsched.lower import kernel_module, lower
+from tvmsched.precision import PRECISIONS
 from tvmsched.schedule import options_for
 from tvmsched.schedule.base import DEFAULT_STREAM_MAPPING, STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
@@ -55,15 +58,17 @@ DEFAULT_CASES = [f"{name}:{batch}" for batch in (1, 16) for name in zoo.list_mod
 
 
 def measure(case: str, args) -> dict:
-    source, name, batch = _parse(case)
+    source, name, batch, precision = _parse(case)
     proto, module = (network(name, batch) if source == "tv" else (zoo.build(name, batch=batch), None))
     x = np.random.default_rng(0).standard_normal(_input_shape(proto)).astype("float32")
-    row = {"case": case, "model": name, "source": source, "batch": batch,
+    row = {"case": case, "model": name, "source": source, "batch": batch, "precision": precision,
            "measured": now(), "systems": {}, "seconds": {}}
     clock = _Laps(row["seconds"])  # where the case's device time goes
-    reference = _pytorch(row, proto, module, x, args)
+    reference = _pytorch(row, proto, module, x, args, precision)
     clock.lap("pytorch")
-    model = tvmsched.compile(proto, target=args.target, tuned=not args.untuned, kernels=args.kernels)
+    tolerance = args.tolerance if precision == "fp32" else args.fp16_tolerance
+    model = tvmsched.compile(proto, target=args.target, tuned=not args.untuned, kernels=args.kernels,
+                             precision=precision)
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     row["implementations"] = model.graph.implementations()
@@ -71,7 +76,7 @@ def measure(case: str, args) -> dict:
         reference = model.reschedule("sequential", executor="sequential")(x)
     row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass
     if "relax_vm" not in args.skip:
-        row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args)}
+        row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args, precision)}
         clock.lap("relax_vm")
     row |= row_options(args)
     for schedule in args.schedules:
@@ -83,7 +88,7 @@ def measure(case: str, args) -> dict:
             row["systems"][f"tvmsched_{schedule}"] = {
                 "median_ms": median_ms(scheduled, args.repeat)[0], "search_s": round(search_s, 2),
                 "streams": scheduled.plan.num_streams, "max_rel_diff_vs_reference": diff,
-                "matches": diff <= args.tolerance,
+                "matches": diff <= tolerance,
                 **{key: value for key, value in scheduled.plan.schedule.items()
                    if key.startswith(("blocks_", "baseline")) or key == "plan_ms"}}
     clock.lap("tvmsched_schedules")
@@ -113,21 +118,24 @@ def row_options(args) -> dict:
             "kernel_choice": args.kernels, "untuned": args.untuned}
 
 
-def _parse(case: str) -> tuple[str, str, int]:
+def _parse(case: str) -> tuple[str, str, int, str]:
+    """(source, model, batch, precision) of MODEL:BATCH[:fp16] or tv:MODEL:BATCH[:fp16]."""
     parts = case.split(":")
-    source, name, batch = parts if len(parts) == 3 else ("zoo", *parts)
-    if source not in ("zoo", "tv"):
+    precision = parts.pop() if parts[-1] in PRECISIONS else "fp32"
+    source, name, batch = parts if len(parts) == 3 else ("zoo", *parts, "")[:3]
+    if source not in ("zoo", "tv") or len(parts) not in (2, 3) or not batch.isdigit():
         raise SystemExit(f"bad case '{case}': MODEL:BATCH (zoo) or tv:MODEL:BATCH with MODEL a torchvision "
-                         f"classification network")
-    return source, name, int(batch)
+                         f"classification network, then :fp16 for half precision")
+    return source, name, int(batch), precision
 
 
 def _input_shape(proto: onnx.ModelProto) -> tuple[int, ...]:
     return tuple(dim.dim_value for dim in proto.graph.input[0].type.tensor_type.shape.dim)
 
 
-def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None:
-    """PyTorch eager, + CUDA Graph and torch.compile latencies into `row`; returns eager's output."""
+def _pytorch(row: dict, proto, module, x: np.ndarray, args, precision: str) -> np.ndarray | None:
+    """PyTorch eager, + CUDA Graph and torch.compile latencies into `row`, in `precision` (fp16: the module
+    in float16 and channels_last); returns eager's fp32 output, the reference of every check."""
     try:
         import torch
 
@@ -144,13 +152,19 @@ def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None
     row["pytorch"] = torch.__version__
     with torch.no_grad():
         expected = module(example).cpu().numpy()
+        if precision == "fp16":
+            layout = torch.channels_last if example.dim() == 4 else torch.contiguous_format
+            module = module.half().to(memory_format=layout)
+            example = example.half().contiguous(memory_format=layout)
+            row["pytorch_fp16_max_rel_diff_vs_fp32"] = relative_diff(module(example).float().cpu().numpy(),
+                                                                     expected)
         row["systems"]["pytorch_eager"] = {"median_ms": timer(lambda: module(example), args.repeat)}
         if cuda:
             replay, _, output = cuda_graph(module, example)
             replay()
             row["systems"]["pytorch_cuda_graph"] = {
                 "median_ms": timer(replay, args.repeat),
-                "max_rel_diff_vs_eager": relative_diff(output.cpu().numpy(), expected)}
+                "max_rel_diff_vs_eager": relative_diff(output.float().cpu().numpy(), expected)}
         start = time.perf_counter()
         # Every zoo case runs OnnxModule.forward: without a reset, Dynamo would recompile the earlier
         # cases' code with shapes made dynamic (and stop at its recompile limit), so a case's figure
@@ -160,7 +174,7 @@ def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None
         torch._dynamo.reset()
         compiled = torch.compile(module, mode="reduce-overhead" if cuda else "default", dynamic=False)
         try:
-            output = compiled(example).cpu().numpy()
+            output = compiled(example).float().cpu().numpy()
         except Exception as error:  # a compiler failure is a result, not the end of the suite
             row["torch_compile"] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
             return expected
@@ -171,12 +185,12 @@ def _pytorch(row: dict, proto, module, x: np.ndarray, args) -> np.ndarray | None
     return expected
 
 
-def _relax_vm_ms(proto, args) -> float:
+def _relax_vm_ms(proto, args, precision: str) -> float:
     """Median latency of TVM's Relax VM running the same lowered module with the same kernels (tuned from
     the same log where tvmsched's build uses a record, dlight defaults elsewhere)."""
     spec = resolve_target(args.target)
     inputs = frontend.bind_input_shapes(proto)
-    lowered = lower(frontend.to_relax(proto, inputs))
+    lowered = lower(frontend.to_relax(proto, inputs, precision=precision))
     module = tvm.IRModule(dict(lowered.module.functions), attrs=lowered.module.attrs)
     graph, _ = extract(lowered, [item.name for item in inputs])
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
@@ -290,6 +304,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=1e-4,
                         help="largest relative difference from PyTorch's output that counts as a match")
+    parser.add_argument("--fp16-tolerance", type=float, default=1e-2,
+                        help="the same for fp16 cases, against PyTorch's fp32 output")
     parser.add_argument("--name", default="h100", help="device name in the file names")
     parser.add_argument("--date", default=datetime.date.today().isoformat(),
                         help="the date in the file names (default today; an earlier run's to add to it)")
@@ -310,7 +326,8 @@ def main() -> int:
                          f"{options}; measure them --again, or write to another --out-dir or --date")
     results.commands.append(command("experiments.bench"))
     header = {"experiment": "bench", "device": device_name(resolve_target(args.target)), "date": args.date,
-              "tvm": tvm.__version__, "precision": "fp32, TF32 off (cuDNN and matmul)",
+              "tvm": tvm.__version__,
+              "precision": "fp32 (TF32 off in cuDNN and matmul) unless a row says fp16",
               "timing": "CUDA events around each inference (PyTorch), tvmsched's benchmark (median of 3 runs "
                         "of `repeat`), Relax VM time_evaluator; medians in ms",
               "tolerance": args.tolerance}

@@ -108,3 +108,14 @@ def test_the_cpu_table_has_a_column_per_label_measured():
                         "first call ms | before compile s / first call ms | onnxruntime ms |")
     assert lines[2] == "| squeezenet | 12.8 (3.4x) | 234.1 (24.5x) | 3.6 / 16 | 1.3 / 1428 | 3.70 |"
     assert lines[3] == "| nasnet | 49.9 (1.8x) |  | 12.9 / 112 |  | 27.40 |"
+
+
+def test_bench_cases_name_source_model_batch_and_precision():
+    from experiments.bench import _parse
+
+    assert _parse("googlenet:16") == ("zoo", "googlenet", 16, "fp32")
+    assert _parse("googlenet:1:fp16") == ("zoo", "googlenet", 1, "fp16")
+    assert _parse("tv:resnet50:16:fp16") == ("tv", "resnet50", 16, "fp16")
+    for bad in ("googlenet", "tv:resnet50", "googlenet:fp16", "x:y:1", "tv:resnet50:one"):
+        with pytest.raises(SystemExit, match=f"bad case '{bad}'"):
+            _parse(bad)
