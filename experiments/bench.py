@@ -45,6 +45,7 @@ from experiments.torchvision_models import TORCHVISION, network
 from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
 from tvmsched.graph import extract
+from tvmsched.layout import LAYOUTS
 from tvmsched.lower import kernel_module, lower
 from tvmsched.precision import PRECISIONS
 from tvmsched.schedule import options_for
@@ -68,7 +69,7 @@ def measure(case: str, args) -> dict:
     clock.lap("pytorch")
     tolerance = args.tolerance if precision == "fp32" else args.fp16_tolerance
     model = tvmsched.compile(proto, target=args.target, tuned=not args.untuned, kernels=args.kernels,
-                             precision=precision)
+                             precision=precision, layout=args.layout)
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     row["implementations"] = model.graph.implementations()
@@ -115,7 +116,7 @@ class _Laps:
 def row_options(args) -> dict:
     """The options a row was measured with (rows with others are not mixed in)."""
     return {"stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums,
-            "kernel_choice": args.kernels, "untuned": args.untuned}
+            "kernel_choice": args.kernels, "untuned": args.untuned, "layout": args.layout}
 
 
 def _parse(case: str) -> tuple[str, str, int, str]:
@@ -190,7 +191,7 @@ def _relax_vm_ms(proto, args, precision: str) -> float:
     the same log where tvmsched's build uses a record, dlight defaults elsewhere)."""
     spec = resolve_target(args.target)
     inputs = frontend.bind_input_shapes(proto)
-    lowered = lower(frontend.to_relax(proto, inputs, precision=precision))
+    lowered = lower(frontend.to_relax(proto, inputs, precision=precision, layout=args.layout))
     module = tvm.IRModule(dict(lowered.module.functions), attrs=lowered.module.attrs)
     graph, _ = extract(lowered, [item.name for item in inputs])
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
@@ -297,6 +298,8 @@ def main() -> int:
     parser.add_argument("--kernels", choices=("auto", "tvm", "vendor"), default="auto",
                         help="tvmsched's kernel implementations (tvmsched build --kernels)")
     parser.add_argument("--untuned", action="store_true", help="build with no tuning log applied")
+    parser.add_argument("--layout", choices=LAYOUTS, default="nchw",
+                        help="tvmsched's convolution layout (tvmsched build --layout)")
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
                         help="tvmsched's schedulers to measure (dp is needed for the speedup)")
     parser.add_argument("--skip", nargs="+", choices=("torch_compile", "relax_vm"), default=[],

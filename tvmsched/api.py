@@ -26,6 +26,7 @@ from tvmsched.executor.base import sample_value
 from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
+from tvmsched.layout import check_layout
 from tvmsched.lower import kernel_module, lower
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.precision import check_precision
@@ -61,6 +62,7 @@ class ModelMeta:
     fallbacks: tuple[tuple[str, str], ...] = ()  # (symbol, why) of kernels whose first schedule failed
     constant_inputs: tuple[ConstantInput, ...] = ()
     precision: str = "fp32"  # "fp16": float16 with float32 accumulation (builds before it are fp32)
+    layout: str = "nchw"  # of the convolutions: "nhwc" is channels-last (builds before it are nchw)
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
@@ -69,7 +71,7 @@ class ModelMeta:
                 "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash,
                 "fallbacks": dict(self.fallbacks),
                 "constant_inputs": [constant.to_json() for constant in self.constant_inputs],
-                "precision": self.precision}
+                "precision": self.precision, "layout": self.layout}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -81,7 +83,7 @@ class ModelMeta:
                    tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""),
                    tuple(data.get("fallbacks", {}).items()),
                    tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())),
-                   data.get("precision", "fp32"))
+                   data.get("precision", "fp32"), data.get("layout", "nchw"))
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -99,7 +101,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
             constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto",
-            precision: str = "fp32",
+            precision: str = "fp32", layout: str = "nchw",
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -118,13 +120,14 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     Without the GPU or the vendor libraries, "auto" is TVM alone.
 
     `precision` "fp16" computes in float16 with float32 accumulation (`tvmsched.precision`); inputs and
-    outputs keep the model's dtypes.
+    outputs keep the model's dtypes. `layout` "nhwc" computes convolutions channels-last (`tvmsched.layout`).
 
     `progress` is called with the name of each stage as it starts.
     """
     spec = resolve_target(target)
     check_mode(kernels)
     check_precision(precision)
+    check_layout(layout)
     if kernels == "vendor" and not _has_gpu(spec):
         raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA target and "
                           "its GPU; use --kernels tvm (or auto) here")
@@ -133,7 +136,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     constant_inputs = constant_inputs or {}
     inputs = frontend.bind_input_shapes(proto, batch, input_shapes, constant_inputs)
     progress("importing ONNX into Relax")
-    relax_module = frontend.to_relax(proto, inputs, constant_inputs, precision)
+    relax_module = frontend.to_relax(proto, inputs, constant_inputs, precision, layout)
     progress("lowering and fusing")
     lowered = lower(relax_module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
@@ -150,7 +153,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
                      ", ".join(str(log.directory) for log in used) or None, built.kernels_hash,
                      tuple(sorted(built.fallbacks.items())),
                      tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
-                     precision)
+                     precision, layout)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from tvmsched.errors import InputError, OutputError, TvmschedError, UsageError
 from tvmsched.frontend import parse_input_shape
+from tvmsched.layout import LAYOUTS
 from tvmsched.precision import PRECISIONS
 from tvmsched.tuning.tune import CONCURRENT, COST_MODELS, SEARCH_STRATEGIES, TuneOptions
 
@@ -29,12 +30,14 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 SAVED_BUILD_HELP = ("Given a build directory, the scheduling flags (--schedule, --streams, --cost, "
                     "--stream-mapping and dp's) reschedule its kernels (nothing is recompiled; --schedule "
                     "defaults to the build's), the flags that apply when compiling (--target, "
-                    "--input-shape, --log, --untuned, --kernels, --precision) are refused: rebuild "
+                    "--input-shape, --log, --untuned, --kernels, --precision, --layout) are refused: rebuild "
                     "instead, and --constant-input values must be those the build was made with.")
 COMPILE_FLAGS = {"target": "--target", "input_shape": "--input-shape", "log": "--log", "untuned": "--untuned",
-                 "kernels": "--kernels", "precision": "--precision"}
+                 "kernels": "--kernels", "precision": "--precision", "layout": "--layout"}
 PRECISION_HELP = ("fp32, or fp16: float16 weights and activations with float32 accumulation in convolutions "
                   "and matrix products; inputs and outputs keep the model's dtypes")
+LAYOUT_HELP = ("the convolutions' data layout: nchw as the model is, or nhwc (channels-last, weights OHWI); "
+               "inputs and outputs keep the model's layout")
 # The scheduling flags: their keyword arguments of `compile` and `reschedule`, and the flags themselves.
 SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost", "max_group_size": "--max-group-size",
                   "max_groups": "--max-groups", "max_states": "--max-states", "time_orders": "--stage-sums",
@@ -160,6 +163,8 @@ def _add_tune_command(commands) -> None:
     tune.add_argument("--precision", choices=PRECISIONS, default="fp32",
                       help=PRECISION_HELP + ": fp16 kernels are other kernels, tuned for fp16 builds "
                            "(default fp32)")
+    tune.add_argument("--layout", choices=LAYOUTS, default="nchw",
+                      help=LAYOUT_HELP + ": tune the kernels of the layout your builds use (default nchw)")
     tune.add_argument("--trials", type=_positive, default=64,
                       help="measured candidates per unique kernel, over all runs (default 64)")
     tune.add_argument("--time-budget", type=_duration, default=None, metavar="8m",
@@ -281,6 +286,7 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                              "vendor: a vendor plan wherever one works; tvm: TVM alone")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help=PRECISION_HELP + " (default fp32)")
+    parser.add_argument("--layout", choices=LAYOUTS, default=None, help=LAYOUT_HELP + " (default nchw)")
     from tvmsched.executor import EXECUTORS
     from tvmsched.schedule import SCHEDULERS
     from tvmsched.schedule.base import STREAM_MAPPINGS
@@ -350,13 +356,14 @@ def _compiled(args):
                                  input_shapes=shapes, schedule=schedule, executor=args.executor,
                                  tuning_log=args.log, tuned=not args.untuned, constant_inputs=constants,
                                  kernels=args.kernels or "auto", precision=args.precision or "fp32",
-                                 **options,
+                                 layout=args.layout or "nchw", **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
                                                                       f"{model.meta.target.key}"))
     console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key} "
-                  f"in {model.meta.precision} ({tuned}), {model.plan.num_streams} stream(s), "
+                  f"in {model.meta.precision}, {model.meta.layout} ({tuned}), "
+                  f"{model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
     for symbol, why in model.meta.fallbacks:
         console.print(f"  kernel {symbol}: {why}")
@@ -546,7 +553,7 @@ def _tune(args) -> None:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
-            modules.append(lower(frontend.to_relax(proto, inputs, constants, args.precision)))
+            modules.append(lower(frontend.to_relax(proto, inputs, constants, args.precision, args.layout)))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:

@@ -1,0 +1,44 @@
+"""--layout nhwc on the CPU: channels-last convolutions compute what the model computes, in the model's input
+and output layout, are recognized for the vendor libraries as NHWC, combine with fp16, and the layout is
+saved with a build and is a compile flag."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import onnxruntime_outputs
+from test_precision import TOLERANCE, relative_error
+from test_tactics_select import network
+
+import tvmsched
+from tvmsched.cli import main
+from tvmsched.errors import UsageError
+from tvmsched.tactics.vendor_op import Conv2d
+
+
+def test_nhwc_computes_what_the_model_computes():
+    proto = network()
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype("float32")
+    model = tvmsched.compile(proto, target="llvm", batch=2, layout="nhwc")
+    assert model.meta.layout == "nhwc"
+    [expected] = onnxruntime_outputs(proto, {"input": x})
+    np.testing.assert_allclose(model(x), expected, rtol=1e-4, atol=1e-5)
+    convolutions = [kernel.vendor_op.anchor for kernel in model.graph.kernels
+                    if kernel.vendor_op is not None and isinstance(kernel.vendor_op.anchor, Conv2d)]
+    assert convolutions and {anchor.layout for anchor in convolutions} == {"NHWC"}
+    half = tvmsched.compile(proto, target="llvm", batch=2, layout="nhwc", precision="fp16")
+    assert relative_error(half(x), expected) <= TOLERANCE
+
+
+def test_the_layout_is_saved_and_is_a_compile_flag(branchy_model, tmp_path, capsys):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(branchy_model.SerializeToString())
+    assert main(["build", str(path), "--target", "llvm", "--batch", "2", "--layout", "nhwc",
+                 "-o", str(tmp_path / "build")]) == 0
+    assert "in fp32, nhwc" in capsys.readouterr().err
+    assert json.loads((tmp_path / "build" / "meta.json").read_text())["layout"] == "nhwc"
+    assert main(["run", str(tmp_path / "build"), "--layout", "nchw"]) == 2
+    assert "--layout applies when compiling" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="unknown layout 'NHWC'"):
+        tvmsched.compile(branchy_model, target="llvm", layout="NHWC",
+                         progress=lambda stage: pytest.fail(f"started {stage}"))
