@@ -27,6 +27,7 @@ from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import kernel_module, lower
+from tvmsched.merge import Merged, merge_convolutions
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics.select import Selection, check_mode, select_tactics
@@ -59,6 +60,8 @@ class ModelMeta:
     kernels_hash: str = ""  # of the scheduled kernels, so stage latencies measured for them stay theirs
     fallbacks: tuple[tuple[str, str], ...] = ()  # (symbol, why) of kernels whose first schedule failed
     constant_inputs: tuple[ConstantInput, ...] = ()
+    merge: bool = False  # whether convolutions reading one tensor were merged (`tvmsched.merge`)
+    merged: tuple[int, ...] = ()  # how many convolutions each merged convolution replaced
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
@@ -66,7 +69,8 @@ class ModelMeta:
                 "tvm_version": self.tvm_version, "tuned_kernels": list(self.tuned_kernels),
                 "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash,
                 "fallbacks": dict(self.fallbacks),
-                "constant_inputs": [constant.to_json() for constant in self.constant_inputs]}
+                "constant_inputs": [constant.to_json() for constant in self.constant_inputs],
+                "merge": self.merge, "merged": list(self.merged)}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -77,7 +81,8 @@ class ModelMeta:
                    TargetSpec.from_json(data["target"]), data["tvm_version"],
                    tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""),
                    tuple(data.get("fallbacks", {}).items()),
-                   tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())))
+                   tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())),
+                   data.get("merge", False), tuple(data.get("merged", ())))
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -94,7 +99,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             input_shapes: dict[str, tuple[int, ...]] | None = None, schedule: str = "sequential",
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
-            constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto",
+            constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto", merge: bool = False,
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -112,6 +117,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     fastest by measurement on this build's GPU, "vendor" a vendor plan wherever one works, "tvm" TVM alone.
     Without the GPU or the vendor libraries, "auto" is TVM alone.
 
+    `merge` merges the convolutions that read the same tensor into one convolution each (`tvmsched.merge`).
+
     `progress` is called with the name of each stage as it starts.
     """
     spec = resolve_target(target)
@@ -121,8 +128,12 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     inputs = frontend.bind_input_shapes(proto, batch, input_shapes, constant_inputs)
     progress("importing ONNX into Relax")
     relax_module = frontend.to_relax(proto, inputs, constant_inputs)
+    merged = Merged(relax_module, ())
+    if merge:
+        progress("merging convolutions")
+        merged = merge_convolutions(relax_module)
     progress("lowering and fusing")
-    lowered = lower(relax_module)
+    lowered = lower(merged.module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
     logs = build_logs(spec, tuning_log) if tuned else []
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
@@ -136,7 +147,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
                      ", ".join(str(log.directory) for log in used) or None, built.kernels_hash,
                      tuple(sorted(built.fallbacks.items())),
-                     tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()))
+                     tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
+                     merge, merged.groups)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
