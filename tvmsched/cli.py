@@ -28,10 +28,10 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 SAVED_BUILD_HELP = ("Given a build directory, the scheduling flags (--schedule, --streams, --cost, "
                     "--stream-mapping and dp's) reschedule its kernels (nothing is recompiled; --schedule "
                     "defaults to the build's), the flags that apply when compiling (--target, "
-                    "--input-shape, --log, --untuned, --kernels) are refused: rebuild instead, and "
+                    "--input-shape, --log, --untuned, --kernels, --merge) are refused: rebuild instead, and "
                     "--constant-input values must be those the build was made with.")
 COMPILE_FLAGS = {"target": "--target", "input_shape": "--input-shape", "log": "--log", "untuned": "--untuned",
-                 "kernels": "--kernels"}
+                 "kernels": "--kernels", "merge": "--merge"}
 # The scheduling flags: their keyword arguments of `compile` and `reschedule`, and the flags themselves.
 SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost", "max_group_size": "--max-group-size",
                   "max_groups": "--max-groups", "max_states": "--max-states", "time_orders": "--stage-sums",
@@ -259,6 +259,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="bind one input to a value when the model is built (repeatable): it becomes a "
                              "constant, no longer an input; needed where an input's value decides a shape "
                              "(a Reshape's shape, a ReduceSum's axes, ...)")
+    parser.add_argument("--merge", action="store_true",
+                        help="merge the convolutions that read the same tensor (same strides, dilation, "
+                             "output size; kernels that fit one window) into one convolution each, as "
+                             "IOS-Merge: fewer, larger kernels")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -341,7 +345,7 @@ def _compiled(args):
         model = tvmsched.compile(args.model, target=args.target or "auto", batch=args.batch,
                                  input_shapes=shapes, schedule=schedule, executor=args.executor,
                                  tuning_log=args.log, tuned=not args.untuned, constant_inputs=constants,
-                                 kernels=args.kernels or "auto", **options,
+                                 kernels=args.kernels or "auto", merge=args.merge, **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
@@ -349,6 +353,8 @@ def _compiled(args):
     console.print(f"compiled {args.model}: {len(model.graph.kernels)} kernels for {model.meta.target.key} "
                   f"({tuned}), {model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
+    if model.meta.merge:
+        console.print(f"  merged {sum(model.meta.merged)} convolutions into {len(model.meta.merged)}")
     for symbol, why in model.meta.fallbacks:
         console.print(f"  kernel {symbol}: {why}")
     console.print(f"  {_implementations(model)}")
@@ -517,6 +523,7 @@ def _tune(args) -> None:
     from tvmsched import frontend, zoo
     from tvmsched.api import model_proto
     from tvmsched.lower import lower
+    from tvmsched.merge import merge_convolutions
     from tvmsched.target import resolve_target
     from tvmsched.tuning import TuningLog, tune
 
@@ -537,7 +544,8 @@ def _tune(args) -> None:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
-            modules.append(lower(frontend.to_relax(proto, inputs, constants)))
+            module = frontend.to_relax(proto, inputs, constants)
+            modules.append(lower(merge_convolutions(module).module if args.merge else module))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:
