@@ -258,9 +258,10 @@ def test_build_merge_reports_the_merged_convolutions_and_a_saved_build_refuses_i
     build = str(saved / "merged")
     assert main(["build", str(saved / "branchy.onnx"), "-o", build, "--batch", "1", "--target", "llvm",
                  "--merge"]) == 0
-    assert "merged 2 convolutions into 1" in capsys.readouterr().err  # the branchy model's 3x3 and 1x1
+    # the branchy model's 3x3 and 1x1
+    assert "merged 2 convolutions into 1, 0 matmuls into 0" in capsys.readouterr().err
     meta = json.loads((saved / "merged" / "meta.json").read_text())
-    assert meta["merge"] and meta["merged"] == [2]
+    assert meta["merge"] and meta["merged_convolutions"] == [2] and meta["merged_matmuls"] == []
     assert "and --merge applies when compiling" in error_line(capsys, "run", build, "--merge")
 
 

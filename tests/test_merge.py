@@ -1,4 +1,4 @@
-"""IOS-Merge (`tvmsched.merge`): convolutions reading one tensor merged into one, on the CPU."""
+"""IOS-Merge (`tvmsched.merge`): convolutions, and matmuls, reading one tensor merged into one, on the CPU."""
 
 import numpy as np
 import pytest
@@ -97,8 +97,38 @@ NOT_MERGED = {"different_strides": different_strides, "weight_is_input": weight_
               "dependent": dependent, "shifted_windows": shifted_windows}
 
 
+def projections():
+    """Three products of one (1, 4, 8) input, as BERT's query, key and value: with bias, with bias and
+    relu, alone; added up."""
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("Add", ["q", "bq"], ["qb"]),
+             helper.make_node("MatMul", ["x", "wk"], ["k"]), helper.make_node("Add", ["k", "bk"], ["kb"]),
+             helper.make_node("Relu", ["kb"], ["kr"]), helper.make_node("MatMul", ["x", "wv"], ["v"]),
+             helper.make_node("Add", ["qb", "kr"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["y"])]
+    return make_model(nodes, [tensor("x", [1, 4, 8])], [tensor("y", [1, 4, 6])],
+                      {"wq": weight(8, 6), "bq": weight(6), "wk": weight(8, 6), "bk": weight(6),
+                       "wv": weight(8, 6)})
+
+
+def gemms(third_weight_is_input: bool = False):
+    """Two Gemms of one input with bias, one with a transposed weight; optionally a MatMul of the same input
+    by a weight that is a graph input, which stays apart while the Gemms merge."""
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["a"], transB=1),
+             helper.make_node("Gemm", ["x", "w2", "b2"], ["b"])]
+    inputs, outputs = [tensor("x", [2, 8])], [tensor("a", [2, 6]), tensor("b", [2, 4])]
+    if third_weight_is_input:
+        nodes.append(helper.make_node("MatMul", ["x", "w3"], ["c"]))
+        inputs.append(tensor("w3", [8, 3]))
+        outputs.append(tensor("c", [2, 3]))
+    return make_model(nodes, inputs, outputs, {"w1": weight(6, 8), "b1": weight(6), "w2": weight(8, 4),
+                                               "b2": weight(4)})
+
+
 def conv_kernels(graph) -> int:
     return sum("conv2d" in kernel.op_kinds for kernel in graph.kernels)
+
+
+def matmul_kernels(graph) -> int:
+    return sum("matmul" in kernel.op_kinds for kernel in graph.kernels)
 
 
 def unmerged_graph(model):
@@ -116,7 +146,7 @@ def test_merged_convolutions_match_onnxruntime(name):
     make, groups = MERGED[name]
     model = make()
     compiled = tvmsched.compile(model, target="llvm", merge=True)
-    assert compiled.meta.merge and compiled.meta.merged == groups
+    assert compiled.meta.merge and compiled.meta.merged_convolutions == groups
     assert conv_kernels(compiled.graph) == conv_kernels(unmerged_graph(model)) - sum(groups) + len(groups)
     inputs = random_inputs(model)
     expected = onnxruntime_outputs(model, inputs)
@@ -131,10 +161,26 @@ def test_merged_convolutions_match_onnxruntime(name):
 def test_convolutions_that_must_not_merge(name):
     model = NOT_MERGED[name]()
     compiled = tvmsched.compile(model, target="llvm", merge=True)
-    assert compiled.meta.merge and compiled.meta.merged == ()
+    assert compiled.meta.merge and compiled.meta.merged_convolutions == ()
     assert conv_kernels(compiled.graph) == conv_kernels(unmerged_graph(model)) == 2
     inputs = random_inputs(model)
     assert_matches(compiled.run(inputs), onnxruntime_outputs(model, inputs))
+
+
+@pytest.mark.parametrize("make, groups, kernels", [(projections, (3,), 3), (gemms, (2,), 2),
+                                                    (lambda: gemms(third_weight_is_input=True), (2,), 3)])
+def test_matmuls_by_constants_of_one_input_merge(make, groups, kernels):
+    model = make()
+    compiled = tvmsched.compile(model, target="llvm", merge=True)
+    assert compiled.meta.merged_matmuls == groups
+    assert matmul_kernels(unmerged_graph(model)) == kernels
+    assert matmul_kernels(compiled.graph) == kernels - sum(groups) + len(groups)
+    inputs = random_inputs(model)
+    expected = onnxruntime_outputs(model, inputs)
+    assert_matches(compiled.run(inputs), expected)
+    rescheduled = compiled.reschedule("dp", cost="analytic")
+    assert_race_free(rescheduled.graph, rescheduled.plan)
+    assert_matches(rescheduled.run(inputs), expected)
 
 
 def test_merge_is_off_by_default():
@@ -145,14 +191,14 @@ def test_merge_is_off_by_default():
 def test_saved_build_records_merge(tmp_path):
     tvmsched.compile(fire(), target="llvm", merge=True).save(tmp_path / "build")
     loaded = tvmsched.load(tmp_path / "build")
-    assert loaded.meta.merge and loaded.meta.merged == (2,)
+    assert loaded.meta.merge and loaded.meta.merged_convolutions == (2,)
 
 
 @pytest.mark.slow
 def test_squeezenet_merged_matches_unmerged():
     unmerged = tvmsched.compile("squeezenet", target="llvm", batch=1)
     merged = tvmsched.compile("squeezenet", target="llvm", batch=1, merge=True)
-    assert merged.meta.merged == (2,) * 8  # every fire module's two expands
+    assert merged.meta.merged_convolutions == (2,) * 8  # every fire module's two expands
     assert conv_kernels(merged.graph) == conv_kernels(unmerged.graph) - 8
     assert len(merged.graph.kernels) < len(unmerged.graph.kernels)
     inputs = unmerged.random_inputs()

@@ -27,7 +27,7 @@ from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.lower import kernel_module, lower
-from tvmsched.merge import Merged, merge_convolutions
+from tvmsched.merge import Merged, merge_parallel
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics.select import Selection, check_mode, select_tactics
@@ -60,8 +60,9 @@ class ModelMeta:
     kernels_hash: str = ""  # of the scheduled kernels, so stage latencies measured for them stay theirs
     fallbacks: tuple[tuple[str, str], ...] = ()  # (symbol, why) of kernels whose first schedule failed
     constant_inputs: tuple[ConstantInput, ...] = ()
-    merge: bool = False  # whether convolutions reading one tensor were merged (`tvmsched.merge`)
-    merged: tuple[int, ...] = ()  # how many convolutions each merged convolution replaced
+    merge: bool = False  # whether convolutions and matmuls reading one tensor were merged (`tvmsched.merge`)
+    merged_convolutions: tuple[int, ...] = ()  # how many convolutions each merged one replaced
+    merged_matmuls: tuple[int, ...] = ()  # how many matmuls each merged one replaced
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
@@ -70,7 +71,8 @@ class ModelMeta:
                 "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash,
                 "fallbacks": dict(self.fallbacks),
                 "constant_inputs": [constant.to_json() for constant in self.constant_inputs],
-                "merge": self.merge, "merged": list(self.merged)}
+                "merge": self.merge, "merged_convolutions": list(self.merged_convolutions),
+                "merged_matmuls": list(self.merged_matmuls)}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -82,7 +84,8 @@ class ModelMeta:
                    tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""),
                    tuple(data.get("fallbacks", {}).items()),
                    tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())),
-                   data.get("merge", False), tuple(data.get("merged", ())))
+                   data.get("merge", False), tuple(data.get("merged_convolutions", ())),
+                   tuple(data.get("merged_matmuls", ())))
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -117,7 +120,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     fastest by measurement on this build's GPU, "vendor" a vendor plan wherever one works, "tvm" TVM alone.
     Without the GPU or the vendor libraries, "auto" is TVM alone.
 
-    `merge` merges the convolutions that read the same tensor into one convolution each (`tvmsched.merge`).
+    `merge` merges the convolutions, and the matmuls, that read the same tensor into one each
+    (`tvmsched.merge`).
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -128,10 +132,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     inputs = frontend.bind_input_shapes(proto, batch, input_shapes, constant_inputs)
     progress("importing ONNX into Relax")
     relax_module = frontend.to_relax(proto, inputs, constant_inputs)
-    merged = Merged(relax_module, ())
+    merged = Merged(relax_module)
     if merge:
-        progress("merging convolutions")
-        merged = merge_convolutions(relax_module)
+        progress("merging convolutions and matmuls")
+        merged = merge_parallel(relax_module)
     progress("lowering and fusing")
     lowered = lower(merged.module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
@@ -148,7 +152,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
                      ", ".join(str(log.directory) for log in used) or None, built.kernels_hash,
                      tuple(sorted(built.fallbacks.items())),
                      tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
-                     merge, merged.groups)
+                     merge, merged.convolutions, merged.matmuls)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)

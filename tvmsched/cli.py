@@ -262,7 +262,8 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge", action="store_true",
                         help="merge the convolutions that read the same tensor (same strides, dilation, "
                              "output size; kernels that fit one window) into one convolution each, as "
-                             "IOS-Merge: fewer, larger kernels")
+                             "IOS-Merge, and the matmuls by constants that share an input: fewer, larger "
+                             "kernels")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -354,7 +355,9 @@ def _compiled(args):
                   f"({tuned}), {model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
     if model.meta.merge:
-        console.print(f"  merged {sum(model.meta.merged)} convolutions into {len(model.meta.merged)}")
+        convolutions, matmuls = model.meta.merged_convolutions, model.meta.merged_matmuls
+        console.print(f"  merged {sum(convolutions)} convolutions into {len(convolutions)}, {sum(matmuls)} "
+                      f"matmuls into {len(matmuls)}")
     for symbol, why in model.meta.fallbacks:
         console.print(f"  kernel {symbol}: {why}")
     console.print(f"  {_implementations(model)}")
@@ -523,7 +526,7 @@ def _tune(args) -> None:
     from tvmsched import frontend, zoo
     from tvmsched.api import model_proto
     from tvmsched.lower import lower
-    from tvmsched.merge import merge_convolutions
+    from tvmsched.merge import merge_parallel
     from tvmsched.target import resolve_target
     from tvmsched.tuning import TuningLog, tune
 
@@ -545,7 +548,7 @@ def _tune(args) -> None:
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
             module = frontend.to_relax(proto, inputs, constants)
-            modules.append(lower(merge_convolutions(module).module if args.merge else module))
+            modules.append(lower(merge_parallel(module).module if args.merge else module))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:

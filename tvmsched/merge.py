@@ -1,4 +1,4 @@
-"""IOS-Merge: convolutions that read the same tensor become one convolution over all their output channels.
+"""IOS-Merge: convolutions (and matrix products) that read the same tensor become one, over all their outputs.
 
 Before lowering, the `relax.nn.conv2d` calls of `main` that read one data tensor with constant weights and
 the same strides, dilation, layouts (NCHW data, OIHW weights), output dtype and output shape, with
@@ -13,10 +13,15 @@ finite inputs (an infinite input under a zero tap gives NaN).
 
 A convolution whose weights are constant depends on its data alone, so convolutions reading the same tensor
 never depend on one another: the merged one is placed where the first of them was.
+
+Matrix products of one left operand by constant right operands are merged by Relax's
+`CombineParallelMatmul` (with their bias and activation where every branch has the same); it matches
+right operands and biases bound to variables only, so constant ones are bound first.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,10 +31,11 @@ from tvm import relax
 
 @dataclass(frozen=True)
 class Merged:
-    """A module after merging, and for each merged convolution how many convolutions it replaced."""
+    """A module after merging, and for each merged convolution (matmul) how many it replaced."""
 
     module: tvm.IRModule
-    groups: tuple[int, ...]
+    convolutions: tuple[int, ...] = ()
+    matmuls: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,8 +100,15 @@ class _Window:
         return (self.before - pad_before) // dilation
 
 
-def merge_convolutions(module: tvm.IRModule) -> Merged:
-    """`module` with the convolutions of `main` that read one tensor merged (module docstring)."""
+def merge_parallel(module: tvm.IRModule) -> Merged:
+    """`module` with the convolutions and the matrix products of `main` that read one tensor merged."""
+    module, convolutions = merge_convolutions(module)
+    module, matmuls = merge_matmuls(module)
+    return Merged(module, convolutions, matmuls)
+
+
+def merge_convolutions(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """`module` with the convolutions of `main` that read one tensor merged, and the size of each group."""
     main = module["main"]
     constants = _bound_constants(main)
     blocks, groups = [], []
@@ -104,11 +117,65 @@ def merge_convolutions(module: tvm.IRModule) -> Merged:
         blocks.append(type(block)(bindings))
         groups += merged
     if not groups:
-        return Merged(module, ())
+        return module, ()
     module = tvm.IRModule(dict(module.functions), attrs=module.attrs)
     module["main"] = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty,
                                     main.is_pure, main.attrs)
-    return Merged(module, tuple(groups))
+    return module, tuple(groups)
+
+
+def merge_matmuls(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """`module` with the matrix products of `main` by constants that share a left operand merged by
+    `CombineParallelMatmul`, and the size of each group; `module` itself where none was."""
+    bound = tvm.IRModule(dict(module.functions), attrs=module.attrs)
+    bound["main"] = _BindWeights(module).visit_expr(module["main"])
+    combined = relax.transform.CombineParallelMatmul(_constant_operands)(bound)
+    groups = Counter(_combined_matmuls(combined["main"])) - Counter(_combined_matmuls(bound["main"]))
+    return (combined, tuple(sorted(groups.elements()))) if groups else (module, ())
+
+
+def _constant_operands(left, rights, biases, bindings) -> bool:
+    """CombineParallelMatmul's filter: merge only products whose right operands and biases are constants
+    (merging products by activations would concatenate them at run time)."""
+    return all(isinstance(bindings.get(var), tvm.ir.Constant) for var in [*rights, *biases])
+
+
+def _combined_matmuls(main: relax.Function) -> list[int]:
+    """For each matrix product of `main` by a concatenation of constants, how many constants it joins."""
+    values = {binding.var.__chandle__(): binding.value for block in main.body.blocks
+              for binding in block.bindings}
+    sizes = []
+    for value in values.values():
+        if _is_op(value, "relax.matmul") and isinstance(value.args[1], relax.Var):
+            right = values.get(value.args[1].__chandle__())
+            if _is_op(right, "relax.concat") and all(isinstance(field, tvm.ir.Constant)
+                                                     for field in right.args[0].fields):
+                sizes.append(len(right.args[0].fields))
+    return sizes
+
+
+def _is_op(expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+@relax.expr_functor.mutator
+class _BindWeights(relax.PyExprMutator):
+    """Binds to variables the constant right operands of matrix products and the constant biases added to
+    their results (CombineParallelMatmul matches only those), folding a transposed constant weight (a
+    Gemm's `permute_dims`) into a constant first."""
+
+    def visit_call_(self, op: relax.Call):
+        call = super().visit_call_(op)
+        if _is_op(call, "relax.permute_dims") and isinstance(call.args[0], tvm.ir.Constant):
+            axes = None if call.attrs.axes is None else [int(axis) for axis in call.attrs.axes]
+            return relax.const(np.transpose(call.args[0].value.numpy(), axes))
+        first = call.args[0] if _is_op(call, "relax.add") else None
+        if _is_op(call, "relax.matmul") or (isinstance(first, relax.Var)
+                                             and _is_op(self.lookup_binding(first), "relax.matmul")):
+            left, right = call.args
+            if isinstance(right, tvm.ir.Constant):
+                return relax.Call(call.op, [left, self.builder_.emit(right)], call.attrs)
+        return call
 
 
 def _bound_constants(main: relax.Function) -> dict:
