@@ -93,8 +93,16 @@ def shifted_windows():
     return pair({"pads": [1, 1, 1, 1]}, {"pads": [0, 1, 2, 1]}, kernel=3, sizes=(8, 8))
 
 
+def crossed_kernels():
+    """A 1x3 and a 3x1 convolution, each padded to keep the size: both fit a 3x3 window, neither's kernel."""
+    nodes = [conv(["x", "w1"], "ya", pads=[0, 1, 0, 1]), conv(["x", "w2"], "yb", pads=[1, 0, 1, 0])]
+    outputs = [tensor("ya", [1, 4, 8, 8]), tensor("yb", [1, 4, 8, 8])]
+    return make_model(nodes, [tensor("x", [1, 4, 8, 8])], outputs,
+                      {"w1": weight(4, 4, 1, 3), "w2": weight(4, 4, 3, 1)})
+
+
 NOT_MERGED = {"different_strides": different_strides, "weight_is_input": weight_is_input,
-              "dependent": dependent, "shifted_windows": shifted_windows}
+              "dependent": dependent, "shifted_windows": shifted_windows, "crossed_kernels": crossed_kernels}
 
 
 def projections():

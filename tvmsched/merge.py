@@ -6,8 +6,8 @@ the same strides, dilation, layouts (NCHW data, OIHW weights), output dtype and 
 channels; each original result becomes a channel slice (`strided_slice`) of the merged one, so whatever
 followed a convolution (bias add, batch norm, relu, a concat) reads its slice and fuses there as before.
 
-A smaller kernel joins a larger one when its taps fit inside the larger window: it is padded with zero taps
-and its padding grown to match (a 1x1 convolution without padding beside a 3x3 one with padding 1 becomes
+A smaller kernel joins a larger one when its taps fit inside the larger one's window: it is padded with zero
+taps and its padding grown to match (a 1x1 convolution without padding beside a 3x3 one with padding 1 becomes
 a 3x3 with its tap in the middle). This computes the same sums with extra zero terms: the same values for
 finite inputs (an infinite input under a zero tap gives NaN).
 
@@ -231,10 +231,14 @@ def _compatible_groups(candidates: list[_Convolution]) -> list[list[_Convolution
 
 
 def _windows(group: list[_Convolution]) -> tuple[_Window, _Window] | None:
-    """The merged windows along height and width, or None if the group's kernels do not fit one window."""
+    """The merged windows along height and width, or None if the group's kernels do not fit the kernel of
+    one of them (a 1x3 and a 3x1 would both grow to 3x3: three times their work)."""
     windows = tuple(_Window.of([conv.window(axis) for conv in group], group[0].dilation[axis])
                     for axis in (0, 1))
-    return None if None in windows else windows
+    if None in windows or all(conv.weight.shape[2:] != tuple(window.size for window in windows)
+                              for conv in group):
+        return None
+    return windows
 
 
 def _merged_bindings(group: list[_Convolution], var_type: type) -> dict:
