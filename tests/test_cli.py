@@ -252,3 +252,33 @@ def test_constant_input_on_build_and_run(tmp_path, capsys, runtime_axes_model):
     assert "'axes' was bound to a value when the model was built" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "build"), "--constant-input", "axes"]) == 2
     assert "write NAME=FILE.npy" in capsys.readouterr().err
+
+
+def test_build_merge_reports_the_merged_convolutions_and_a_saved_build_refuses_it(saved, capsys):
+    build = str(saved / "merged")
+    assert main(["build", str(saved / "branchy.onnx"), "-o", build, "--batch", "1", "--target", "llvm",
+                 "--merge"]) == 0
+    # the branchy model's 3x3 and 1x1
+    assert "merged 2 convolutions into 1, 0 matmuls into 0" in capsys.readouterr().err
+    meta = json.loads((saved / "merged" / "meta.json").read_text())
+    assert meta["merge"] and meta["merged_convolutions"] == [2] and meta["merged_matmuls"] == []
+    assert "and --merge applies when compiling" in error_line(capsys, "run", build, "--merge")
+
+
+def test_tune_merge_tunes_the_merged_kernels(saved, monkeypatch):
+    from tvmsched import tuning
+
+    class Stop(Exception):
+        pass
+
+    lowered = []
+
+    def tune(modules, *args, **kwargs):
+        lowered.extend(modules)
+        raise Stop
+    monkeypatch.setattr(tuning, "tune", tune)
+    for flags in ([], ["--merge"]):
+        with pytest.raises(Stop):
+            main(["tune", str(saved / "branchy.onnx"), "--batch", "1", "--target", "llvm",
+                  "--log", str(saved / "logs"), *flags])
+    assert [sum("conv2d" in kinds for kinds in module.op_kinds.values()) for module in lowered] == [2, 1]

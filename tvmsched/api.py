@@ -28,6 +28,7 @@ from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.layout import check_layout
 from tvmsched.lower import kernel_module, lower
+from tvmsched.merge import Merged, merge_parallel
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.precision import check_precision
 from tvmsched.schedule import Scheduler, create_scheduler
@@ -63,6 +64,9 @@ class ModelMeta:
     constant_inputs: tuple[ConstantInput, ...] = ()
     precision: str = "fp32"  # "fp16": float16 with float32 accumulation (builds before it are fp32)
     layout: str = "nchw"  # of the convolutions: "nhwc" is channels-last (builds before it are nchw)
+    merge: bool = False  # whether convolutions and matmuls reading one tensor were merged (`tvmsched.merge`)
+    merged_convolutions: tuple[int, ...] = ()  # how many convolutions each merged one replaced
+    merged_matmuls: tuple[int, ...] = ()  # how many matmuls each merged one replaced
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
@@ -71,7 +75,9 @@ class ModelMeta:
                 "tuning_log": self.tuning_log, "kernels_hash": self.kernels_hash,
                 "fallbacks": dict(self.fallbacks),
                 "constant_inputs": [constant.to_json() for constant in self.constant_inputs],
-                "precision": self.precision, "layout": self.layout}
+                "precision": self.precision, "layout": self.layout,
+                "merge": self.merge, "merged_convolutions": list(self.merged_convolutions),
+                "merged_matmuls": list(self.merged_matmuls)}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -83,7 +89,9 @@ class ModelMeta:
                    tuple(data.get("tuned_kernels", ())), data.get("tuning_log"), data.get("kernels_hash", ""),
                    tuple(data.get("fallbacks", {}).items()),
                    tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())),
-                   data.get("precision", "fp32"), data.get("layout", "nchw"))
+                   data.get("precision", "fp32"), data.get("layout", "nchw"),
+                   data.get("merge", False), tuple(data.get("merged_convolutions", ())),
+                   tuple(data.get("merged_matmuls", ())))
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -101,7 +109,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
             constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto",
-            precision: str = "fp32", layout: str = "nchw",
+            precision: str = "fp32", layout: str = "nchw", merge: bool = False,
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -122,6 +130,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `precision` "fp16" computes in float16 with float32 accumulation (`tvmsched.precision`); inputs and
     outputs keep the model's dtypes. `layout` "nhwc" computes convolutions channels-last (`tvmsched.layout`).
 
+    `merge` merges the convolutions, and the matmuls, that read the same tensor into one each
+    (`tvmsched.merge`).
+
     `progress` is called with the name of each stage as it starts.
     """
     spec = resolve_target(target)
@@ -137,8 +148,12 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     inputs = frontend.bind_input_shapes(proto, batch, input_shapes, constant_inputs)
     progress("importing ONNX into Relax")
     relax_module = frontend.to_relax(proto, inputs, constant_inputs, precision, layout)
+    merged = Merged(relax_module)
+    if merge:
+        progress("merging convolutions and matmuls")
+        merged = merge_parallel(relax_module)
     progress("lowering and fusing")
-    lowered = lower(relax_module)
+    lowered = lower(merged.module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
     logs = build_logs(spec, tuning_log) if tuned else []
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
@@ -153,7 +168,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
                      ", ".join(str(log.directory) for log in used) or None, built.kernels_hash,
                      tuple(sorted(built.fallbacks.items())),
                      tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
-                     precision, layout)
+                     precision, layout, merge, merged.convolutions, merged.matmuls)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)

@@ -30,10 +30,11 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 SAVED_BUILD_HELP = ("Given a build directory, the scheduling flags (--schedule, --streams, --cost, "
                     "--stream-mapping and dp's) reschedule its kernels (nothing is recompiled; --schedule "
                     "defaults to the build's), the flags that apply when compiling (--target, "
-                    "--input-shape, --log, --untuned, --kernels, --precision, --layout) are refused: rebuild "
-                    "instead, and --constant-input values must be those the build was made with.")
+                    "--input-shape, --log, --untuned, --kernels, --precision, --layout, --merge) are "
+                    "refused: rebuild instead, and --constant-input values must be those the build was made "
+                    "with.")
 COMPILE_FLAGS = {"target": "--target", "input_shape": "--input-shape", "log": "--log", "untuned": "--untuned",
-                 "kernels": "--kernels", "precision": "--precision", "layout": "--layout"}
+                 "kernels": "--kernels", "precision": "--precision", "layout": "--layout", "merge": "--merge"}
 PRECISION_HELP = ("fp32, or fp16: float16 weights and activations with float32 accumulation in convolutions "
                   "and matrix products; inputs and outputs keep the model's dtypes")
 LAYOUT_HELP = ("the convolutions' data layout: nchw as the model is, or nhwc (channels-last, weights OHWI); "
@@ -270,6 +271,11 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="bind one input to a value when the model is built (repeatable): it becomes a "
                              "constant, no longer an input; needed where an input's value decides a shape "
                              "(a Reshape's shape, a ReduceSum's axes, ...)")
+    parser.add_argument("--merge", action="store_true",
+                        help="merge the convolutions that read the same tensor (same strides, dilation, "
+                             "output size; kernels that fit one window) into one convolution each, as "
+                             "IOS-Merge, and the matmuls by constants that share an input: fewer, larger "
+                             "kernels")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -356,7 +362,7 @@ def _compiled(args):
                                  input_shapes=shapes, schedule=schedule, executor=args.executor,
                                  tuning_log=args.log, tuned=not args.untuned, constant_inputs=constants,
                                  kernels=args.kernels or "auto", precision=args.precision or "fp32",
-                                 layout=args.layout or "nchw", **options,
+                                 layout=args.layout or "nchw", merge=args.merge, **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
@@ -365,6 +371,10 @@ def _compiled(args):
                   f"in {model.meta.precision}, {model.meta.layout} ({tuned}), "
                   f"{model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
+    if model.meta.merge:
+        convolutions, matmuls = model.meta.merged_convolutions, model.meta.merged_matmuls
+        console.print(f"  merged {sum(convolutions)} convolutions into {len(convolutions)}, {sum(matmuls)} "
+                      f"matmuls into {len(matmuls)}")
     for symbol, why in model.meta.fallbacks:
         console.print(f"  kernel {symbol}: {why}")
     console.print(f"  {_implementations(model)}")
@@ -533,6 +543,7 @@ def _tune(args) -> None:
     from tvmsched import frontend, zoo
     from tvmsched.api import model_proto
     from tvmsched.lower import lower
+    from tvmsched.merge import merge_parallel
     from tvmsched.target import resolve_target
     from tvmsched.tuning import TuningLog, tune
 
@@ -553,7 +564,8 @@ def _tune(args) -> None:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
-            modules.append(lower(frontend.to_relax(proto, inputs, constants, args.precision, args.layout)))
+            module = frontend.to_relax(proto, inputs, constants, args.precision, args.layout)
+            modules.append(lower(merge_parallel(module).module if args.merge else module))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:

@@ -1,0 +1,213 @@
+"""IOS-Merge (`tvmsched.merge`): convolutions, and matmuls, reading one tensor merged into one, on the CPU."""
+
+import numpy as np
+import pytest
+from conftest import assert_matches, make_model, onnxruntime_outputs, tensor
+from onnx import helper
+from test_plan import assert_race_free
+
+import tvmsched
+from tvmsched import frontend
+from tvmsched.graph import extract
+from tvmsched.lower import lower
+
+RNG = np.random.default_rng(7)
+
+
+def weight(*shape) -> np.ndarray:
+    return (RNG.standard_normal(shape) * 0.3).astype("float32")
+
+
+def conv(inputs, output, **attributes):
+    return helper.make_node("Conv", inputs, [output], name=output, **attributes)
+
+
+def batch_norm(channels: int) -> dict[str, np.ndarray]:
+    return {"scale": weight(channels) + 1, "shift": weight(channels), "mean": weight(channels),
+            "variance": np.abs(weight(channels)) + 0.5}
+
+
+def two_1x1():
+    """Two 1x1 convolutions of different widths, without bias, concatenated."""
+    nodes = [conv(["x", "w1"], "a"), conv(["x", "w2"], "b"),
+             helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    return make_model(nodes, [tensor("x", [1, 6, 8, 8])], [tensor("y", [1, 12, 8, 8])],
+                      {"w1": weight(8, 6, 1, 1), "w2": weight(4, 6, 1, 1)})
+
+
+def three_3x3_epilogues():
+    """Three padded 3x3 convolutions, two with a bias; a relu after one, a batch norm after another."""
+    nodes = [conv(["x", "w1", "b1"], "a", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["ya"]),
+             conv(["x", "w2"], "b", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["b", "scale", "shift", "mean", "variance"], ["yb"]),
+             conv(["x", "w3", "b3"], "yc", pads=[1, 1, 1, 1])]
+    outputs = [tensor("ya", [1, 8, 6, 6]), tensor("yb", [1, 4, 6, 6]), tensor("yc", [1, 6, 6, 6])]
+    return make_model(nodes, [tensor("x", [1, 5, 6, 6])], outputs,
+                      {"w1": weight(8, 5, 3, 3), "b1": weight(8), "w2": weight(4, 5, 3, 3), **batch_norm(4),
+                       "w3": weight(6, 5, 3, 3), "b3": weight(6)})
+
+
+def fire(stride: int = 1):
+    """Squeezenet's fire module: a 1x1 and a padded 3x3 expand of one tensor, each with bias and relu,
+    concatenated; the 1x1 kernel is padded into the 3x3 window."""
+    nodes = [conv(["x", "w1", "b1"], "a", strides=[stride, stride]), helper.make_node("Relu", ["a"], ["ra"]),
+             conv(["x", "w3", "b3"], "b", pads=[1, 1, 1, 1], strides=[stride, stride]),
+             helper.make_node("Relu", ["b"], ["rb"]), helper.make_node("Concat", ["ra", "rb"], ["y"], axis=1)]
+    size = 8 // stride
+    return make_model(nodes, [tensor("x", [2, 4, 8, 8])], [tensor("y", [2, 16, size, size])],
+                      {"w1": weight(8, 4, 1, 1), "b1": weight(8), "w3": weight(8, 4, 3, 3), "b3": weight(8)})
+
+
+MERGED = {"two_1x1": (two_1x1, (2,)), "three_3x3_epilogues": (three_3x3_epilogues, (3,)),
+          "fire": (fire, (2,)), "fire_stride_2": (lambda: fire(stride=2), (2,))}
+
+
+def pair(first: dict, second: dict, kernel: int, sizes: tuple[int, int]):
+    """Two convolutions of x (1x4x8x8) with the given attributes into ya and yb, of these output sizes."""
+    nodes = [conv(["x", "w1"], "ya", **first), conv(["x", "w2"], "yb", **second)]
+    outputs = [tensor(name, [1, 4, size, size]) for name, size in zip(("ya", "yb"), sizes)]
+    return make_model(nodes, [tensor("x", [1, 4, 8, 8])], outputs,
+                      {"w1": weight(4, 4, kernel, kernel), "w2": weight(4, 4, kernel, kernel)})
+
+
+def different_strides():
+    return pair({"pads": [1, 1, 1, 1]}, {"pads": [1, 1, 1, 1], "strides": [2, 2]}, kernel=3, sizes=(8, 4))
+
+
+def weight_is_input():
+    nodes = [conv(["x", "w1"], "ya"), conv(["x", "w2"], "yb")]
+    return make_model(nodes, [tensor("x", [1, 4, 8, 8]), tensor("w2", [4, 4, 1, 1])],
+                      [tensor("ya", [1, 4, 8, 8]), tensor("yb", [1, 4, 8, 8])], {"w1": weight(4, 4, 1, 1)})
+
+
+def dependent():
+    """The second convolution reads the first's relu: same shapes and attributes, another tensor."""
+    nodes = [conv(["x", "w1"], "a"), helper.make_node("Relu", ["a"], ["ra"]), conv(["ra", "w2"], "y")]
+    return make_model(nodes, [tensor("x", [1, 4, 8, 8])], [tensor("y", [1, 4, 8, 8])],
+                      {"w1": weight(4, 4, 1, 1), "w2": weight(4, 4, 1, 1)})
+
+
+def shifted_windows():
+    """Two 3x3 convolutions of one output size whose windows are one row apart: a 4x4 kernel would cover
+    both, a 3x3 cannot."""
+    return pair({"pads": [1, 1, 1, 1]}, {"pads": [0, 1, 2, 1]}, kernel=3, sizes=(8, 8))
+
+
+def crossed_kernels():
+    """A 1x3 and a 3x1 convolution, each padded to keep the size: both fit a 3x3 window, neither's kernel."""
+    nodes = [conv(["x", "w1"], "ya", pads=[0, 1, 0, 1]), conv(["x", "w2"], "yb", pads=[1, 0, 1, 0])]
+    outputs = [tensor("ya", [1, 4, 8, 8]), tensor("yb", [1, 4, 8, 8])]
+    return make_model(nodes, [tensor("x", [1, 4, 8, 8])], outputs,
+                      {"w1": weight(4, 4, 1, 3), "w2": weight(4, 4, 3, 1)})
+
+
+NOT_MERGED = {"different_strides": different_strides, "weight_is_input": weight_is_input,
+              "dependent": dependent, "shifted_windows": shifted_windows, "crossed_kernels": crossed_kernels}
+
+
+def projections():
+    """Three products of one (1, 4, 8) input, as BERT's query, key and value: with bias, with bias and
+    relu, alone; added up."""
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("Add", ["q", "bq"], ["qb"]),
+             helper.make_node("MatMul", ["x", "wk"], ["k"]), helper.make_node("Add", ["k", "bk"], ["kb"]),
+             helper.make_node("Relu", ["kb"], ["kr"]), helper.make_node("MatMul", ["x", "wv"], ["v"]),
+             helper.make_node("Add", ["qb", "kr"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["y"])]
+    return make_model(nodes, [tensor("x", [1, 4, 8])], [tensor("y", [1, 4, 6])],
+                      {"wq": weight(8, 6), "bq": weight(6), "wk": weight(8, 6), "bk": weight(6),
+                       "wv": weight(8, 6)})
+
+
+def gemms(third_weight_is_input: bool = False):
+    """Two Gemms of one input with bias, one with a transposed weight; optionally a MatMul of the same input
+    by a weight that is a graph input, which stays apart while the Gemms merge."""
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["a"], transB=1),
+             helper.make_node("Gemm", ["x", "w2", "b2"], ["b"])]
+    inputs, outputs = [tensor("x", [2, 8])], [tensor("a", [2, 6]), tensor("b", [2, 4])]
+    if third_weight_is_input:
+        nodes.append(helper.make_node("MatMul", ["x", "w3"], ["c"]))
+        inputs.append(tensor("w3", [8, 3]))
+        outputs.append(tensor("c", [2, 3]))
+    return make_model(nodes, inputs, outputs, {"w1": weight(6, 8), "b1": weight(6), "w2": weight(8, 4),
+                                               "b2": weight(4)})
+
+
+def conv_kernels(graph) -> int:
+    return sum("conv2d" in kernel.op_kinds for kernel in graph.kernels)
+
+
+def matmul_kernels(graph) -> int:
+    return sum("matmul" in kernel.op_kinds for kernel in graph.kernels)
+
+
+def unmerged_graph(model):
+    inputs = frontend.bind_input_shapes(model)
+    return extract(lower(frontend.to_relax(model, inputs)), [spec.name for spec in inputs])[0]
+
+
+def random_inputs(model) -> dict[str, np.ndarray]:
+    return {value.name: RNG.standard_normal([dim.dim_value for dim in value.type.tensor_type.shape.dim])
+            .astype("float32") for value in model.graph.input}
+
+
+@pytest.mark.parametrize("name", MERGED)
+def test_merged_convolutions_match_onnxruntime(name):
+    make, groups = MERGED[name]
+    model = make()
+    compiled = tvmsched.compile(model, target="llvm", merge=True)
+    assert compiled.meta.merge and compiled.meta.merged_convolutions == groups
+    assert conv_kernels(compiled.graph) == conv_kernels(unmerged_graph(model)) - sum(groups) + len(groups)
+    inputs = random_inputs(model)
+    expected = onnxruntime_outputs(model, inputs)
+    assert_matches(compiled.run(inputs), expected)
+    for schedule in ("greedy", "dp"):
+        rescheduled = compiled.reschedule(schedule, cost="analytic")
+        assert_race_free(rescheduled.graph, rescheduled.plan)
+        assert_matches(rescheduled.run(inputs), expected)
+
+
+@pytest.mark.parametrize("name", NOT_MERGED)
+def test_convolutions_that_must_not_merge(name):
+    model = NOT_MERGED[name]()
+    compiled = tvmsched.compile(model, target="llvm", merge=True)
+    assert compiled.meta.merge and compiled.meta.merged_convolutions == ()
+    assert conv_kernels(compiled.graph) == conv_kernels(unmerged_graph(model)) == 2
+    inputs = random_inputs(model)
+    assert_matches(compiled.run(inputs), onnxruntime_outputs(model, inputs))
+
+
+@pytest.mark.parametrize("make, groups, kernels", [(projections, (3,), 3), (gemms, (2,), 2),
+                                                    (lambda: gemms(third_weight_is_input=True), (2,), 3)])
+def test_matmuls_by_constants_of_one_input_merge(make, groups, kernels):
+    model = make()
+    compiled = tvmsched.compile(model, target="llvm", merge=True)
+    assert compiled.meta.merged_matmuls == groups
+    assert matmul_kernels(unmerged_graph(model)) == kernels
+    assert matmul_kernels(compiled.graph) == kernels - sum(groups) + len(groups)
+    inputs = random_inputs(model)
+    expected = onnxruntime_outputs(model, inputs)
+    assert_matches(compiled.run(inputs), expected)
+    rescheduled = compiled.reschedule("dp", cost="analytic")
+    assert_race_free(rescheduled.graph, rescheduled.plan)
+    assert_matches(rescheduled.run(inputs), expected)
+
+
+def test_merge_is_off_by_default():
+    compiled = tvmsched.compile(two_1x1(), target="llvm")
+    assert not compiled.meta.merge and conv_kernels(compiled.graph) == 2
+
+
+def test_saved_build_records_merge(tmp_path):
+    tvmsched.compile(fire(), target="llvm", merge=True).save(tmp_path / "build")
+    loaded = tvmsched.load(tmp_path / "build")
+    assert loaded.meta.merge and loaded.meta.merged_convolutions == (2,)
+
+
+@pytest.mark.slow
+def test_squeezenet_merged_matches_unmerged():
+    unmerged = tvmsched.compile("squeezenet", target="llvm", batch=1)
+    merged = tvmsched.compile("squeezenet", target="llvm", batch=1, merge=True)
+    assert merged.meta.merged_convolutions == (2,) * 8  # every fire module's two expands
+    assert conv_kernels(merged.graph) == conv_kernels(unmerged.graph) - 8
+    assert len(merged.graph.kernels) < len(unmerged.graph.kernels)
+    inputs = unmerged.random_inputs()
+    assert_matches(merged.run(inputs), unmerged.run(inputs))

@@ -1,0 +1,264 @@
+"""IOS-Merge: convolutions (and matrix products) that read the same tensor become one, over all their outputs.
+
+Before lowering, the `relax.nn.conv2d` calls of `main` that read one data tensor with constant weights and
+the same strides, dilation, layouts (NCHW data, OIHW weights), output dtype and output shape, with
+`groups=1`, are replaced by a single convolution whose weights are theirs concatenated along the output
+channels; each original result becomes a channel slice (`strided_slice`) of the merged one, so whatever
+followed a convolution (bias add, batch norm, relu, a concat) reads its slice and fuses there as before.
+
+A smaller kernel joins a larger one when its taps fit inside the larger one's window: it is padded with zero
+taps and its padding grown to match (a 1x1 convolution without padding beside a 3x3 one with padding 1 becomes
+a 3x3 with its tap in the middle). This computes the same sums with extra zero terms: the same values for
+finite inputs (an infinite input under a zero tap gives NaN).
+
+A convolution whose weights are constant depends on its data alone, so convolutions reading the same tensor
+never depend on one another: the merged one is placed where the first of them was.
+
+Matrix products of one left operand by constant right operands are merged by Relax's
+`CombineParallelMatmul` (with their bias and activation where every branch has the same); it matches
+right operands and biases bound to variables only, so constant ones are bound first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+@dataclass(frozen=True)
+class Merged:
+    """A module after merging, and for each merged convolution (matmul) how many it replaced."""
+
+    module: tvm.IRModule
+    convolutions: tuple[int, ...] = ()
+    matmuls: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Convolution:
+    """One mergeable `conv2d` binding: its variable, call and weights (OIHW)."""
+
+    var: relax.Var
+    call: relax.Call
+    weight: np.ndarray
+
+    @property
+    def key(self) -> tuple:
+        """What convolutions merged together must share (padding and kernel size are checked apart)."""
+        attrs = self.call.attrs
+        batch, _, *spatial = (int(dim) for dim in self.call.ty.shape.values)
+        return (self.call.args[0].__chandle__(), tuple(int(step) for step in attrs.strides), self.dilation,
+                str(attrs.out_dtype), str(self.weight.dtype), batch, *spatial)
+
+    @property
+    def dilation(self) -> tuple[int, int]:
+        return tuple(int(step) for step in self.call.attrs.dilation)
+
+    def window(self, axis: int) -> tuple[int, int, int]:
+        """Padding before, padding after and kernel size along spatial axis 0 (height) or 1 (width)."""
+        padding = self.call.attrs.padding  # top, left, bottom, right
+        return int(padding[axis]), int(padding[axis + 2]), self.weight.shape[axis + 2]
+
+    def padded_weight(self, windows: tuple[_Window, _Window]) -> np.ndarray:
+        """The weights with zero taps around them, filling the merged windows."""
+        pads = [(0, 0), (0, 0)]
+        for axis, window in enumerate(windows):
+            offset = window.offset(self.window(axis)[0], self.dilation[axis])
+            pads.append((offset, window.size - offset - self.weight.shape[axis + 2]))
+        return np.pad(self.weight, pads)
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The merged convolution's geometry along one spatial axis: its padding before and after and its
+    kernel size; a member's kernel starts `offset` taps into it."""
+
+    before: int
+    after: int
+    size: int
+
+    @staticmethod
+    def of(members: list[tuple[int, int, int]], dilation: int) -> _Window | None:
+        """The largest member's window if every member's (padding before, padding after, kernel size) fits
+        inside it, else None: a member's taps must read the positions the window's taps at a whole offset
+        read, and its kernel end where the window ends (counting padding), so the output size is the same."""
+        before = max(pad_before for pad_before, _, _ in members)
+        size = max(kernel for _, _, kernel in members)
+        afters = set()
+        for pad_before, pad_after, kernel in members:
+            offset, shift = divmod(before - pad_before, dilation)
+            if shift or offset + kernel > size:
+                return None
+            afters.add(pad_after + (size - kernel - offset) * dilation)
+        return _Window(before, afters.pop(), size) if len(afters) == 1 else None
+
+    def offset(self, pad_before: int, dilation: int) -> int:
+        return (self.before - pad_before) // dilation
+
+
+def merge_parallel(module: tvm.IRModule) -> Merged:
+    """`module` with the convolutions and the matrix products of `main` that read one tensor merged."""
+    module, convolutions = merge_convolutions(module)
+    module, matmuls = merge_matmuls(module)
+    return Merged(module, convolutions, matmuls)
+
+
+def merge_convolutions(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """`module` with the convolutions of `main` that read one tensor merged, and the size of each group."""
+    main = module["main"]
+    constants = _bound_constants(main)
+    blocks, groups = [], []
+    for block in main.body.blocks:
+        bindings, merged = _merge_block(block, constants)
+        blocks.append(type(block)(bindings))
+        groups += merged
+    if not groups:
+        return module, ()
+    module = tvm.IRModule(dict(module.functions), attrs=module.attrs)
+    module["main"] = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty,
+                                    main.is_pure, main.attrs)
+    return module, tuple(groups)
+
+
+def merge_matmuls(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """`module` with the matrix products of `main` by constants that share a left operand merged by
+    `CombineParallelMatmul`, and the size of each group; `module` itself where none was."""
+    bound = tvm.IRModule(dict(module.functions), attrs=module.attrs)
+    bound["main"] = _BindWeights(module).visit_expr(module["main"])
+    combined = relax.transform.CombineParallelMatmul(_constant_operands)(bound)
+    groups = Counter(_combined_matmuls(combined["main"])) - Counter(_combined_matmuls(bound["main"]))
+    return (combined, tuple(sorted(groups.elements()))) if groups else (module, ())
+
+
+def _constant_operands(left, rights, biases, bindings) -> bool:
+    """CombineParallelMatmul's filter: merge only products whose right operands and biases are constants
+    (merging products by activations would concatenate them at run time)."""
+    return all(isinstance(bindings.get(var), tvm.ir.Constant) for var in [*rights, *biases])
+
+
+def _combined_matmuls(main: relax.Function) -> list[int]:
+    """For each matrix product of `main` by a concatenation of constants, how many constants it joins."""
+    values = {binding.var.__chandle__(): binding.value for block in main.body.blocks
+              for binding in block.bindings}
+    sizes = []
+    for value in values.values():
+        if _is_op(value, "relax.matmul") and isinstance(value.args[1], relax.Var):
+            right = values.get(value.args[1].__chandle__())
+            if _is_op(right, "relax.concat") and all(isinstance(field, tvm.ir.Constant)
+                                                     for field in right.args[0].fields):
+                sizes.append(len(right.args[0].fields))
+    return sizes
+
+
+def _is_op(expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+@relax.expr_functor.mutator
+class _BindWeights(relax.PyExprMutator):
+    """Binds to variables the constant right operands of matrix products and the constant biases added to
+    their results (CombineParallelMatmul matches only those), folding a transposed constant weight (a
+    Gemm's `permute_dims`) into a constant first."""
+
+    def visit_call_(self, op: relax.Call):
+        call = super().visit_call_(op)
+        if _is_op(call, "relax.permute_dims") and isinstance(call.args[0], tvm.ir.Constant):
+            axes = None if call.attrs.axes is None else [int(axis) for axis in call.attrs.axes]
+            return relax.const(np.transpose(call.args[0].value.numpy(), axes))
+        first = call.args[0] if _is_op(call, "relax.add") else None
+        if _is_op(call, "relax.matmul") or (isinstance(first, relax.Var)
+                                             and _is_op(self.lookup_binding(first), "relax.matmul")):
+            left, right = call.args
+            if isinstance(right, tvm.ir.Constant):
+                return relax.Call(call.op, [left, self.builder_.emit(right)], call.attrs)
+        return call
+
+
+def _bound_constants(main: relax.Function) -> dict:
+    """Variables of `main` bound to a constant, by object."""
+    return {binding.var.__chandle__(): binding.value for block in main.body.blocks
+            for binding in block.bindings if isinstance(binding.value, tvm.ir.Constant)}
+
+
+def _merge_block(block, constants: dict) -> tuple[list, list[int]]:
+    """The bindings of `block` with its mergeable convolutions merged, and the size of each group."""
+    var_type = relax.DataflowVar if isinstance(block, relax.DataflowBlock) else relax.Var
+    by_key = {}
+    for binding in block.bindings:
+        convolution = _mergeable(binding, constants)
+        if convolution is not None:
+            by_key.setdefault(convolution.key, []).append(convolution)
+    replacements, groups = {}, []
+    for candidates in by_key.values():
+        for group in _compatible_groups(candidates):
+            replacements.update(_merged_bindings(group, var_type))
+            groups.append(len(group))
+    bindings = []
+    for binding in block.bindings:
+        bindings += replacements.get(binding.var.__chandle__(), [binding])
+    return bindings, groups
+
+
+def _mergeable(binding, constants: dict) -> _Convolution | None:
+    """The binding as a `_Convolution` if it is a conv2d this pass can merge."""
+    call = binding.value
+    if not (isinstance(binding, relax.VarBinding) and isinstance(call, relax.Call)
+            and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+        return None
+    attrs, (data, weight) = call.attrs, call.args
+    weight = constants.get(weight.__chandle__()) if isinstance(weight, relax.Var) else weight
+    if not (isinstance(data, relax.Var) and isinstance(weight, tvm.ir.Constant) and attrs.groups == 1
+            and (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NCHW", "OIHW", "NCHW")):
+        return None
+    return _Convolution(binding.var, call, weight.value.numpy())
+
+
+def _compatible_groups(candidates: list[_Convolution]) -> list[list[_Convolution]]:
+    """`candidates` (of one key) split into groups whose windows line up, in program order; groups of two
+    or more."""
+    groups = []
+    for convolution in candidates:
+        group = next((group for group in groups if _windows([*group, convolution])), None)
+        if group is None:
+            groups.append([convolution])
+        else:
+            group.append(convolution)
+    return [group for group in groups if len(group) > 1]
+
+
+def _windows(group: list[_Convolution]) -> tuple[_Window, _Window] | None:
+    """The merged windows along height and width, or None if the group's kernels do not fit the kernel of
+    one of them (a 1x3 and a 3x1 would both grow to 3x3: three times their work)."""
+    windows = tuple(_Window.of([conv.window(axis) for conv in group], group[0].dilation[axis])
+                    for axis in (0, 1))
+    if None in windows or all(conv.weight.shape[2:] != tuple(window.size for window in windows)
+                              for conv in group):
+        return None
+    return windows
+
+
+def _merged_bindings(group: list[_Convolution], var_type: type) -> dict:
+    """For each member's variable (by object), the bindings that replace its own: the first member's
+    binding becomes the merged convolution and its slice, the others' their slices."""
+    windows = _windows(group)
+    height, width = windows
+    attrs = group[0].call.attrs
+    builder = relax.BlockBuilder()
+    call = builder.normalize(relax.op.nn.conv2d(
+        group[0].call.args[0], relax.const(np.concatenate([conv.padded_weight(windows) for conv in group])),
+        attrs.strides, (height.before, width.before, height.after, width.after), attrs.dilation,
+        out_dtype=attrs.out_dtype))
+    merged = var_type("merged_conv2d", call.ty)
+    replacements, start = {}, 0
+    for conv in group:
+        channels = conv.weight.shape[0]
+        sliced = builder.normalize(relax.op.strided_slice(merged, axes=[1], begin=[start],
+                                                          end=[start + channels]))
+        first = [relax.VarBinding(merged, call)] if start == 0 else []
+        replacements[conv.var.__chandle__()] = [*first, relax.VarBinding(conv.var, sliced)]
+        start += channels
+    return replacements
