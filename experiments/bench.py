@@ -69,7 +69,7 @@ def measure(case: str, args) -> dict:
     clock.lap("pytorch")
     tolerance = args.tolerance if precision == "fp32" else args.fp16_tolerance
     model = tvmsched.compile(proto, target=args.target, tuned=not args.untuned, kernels=args.kernels,
-                             precision=precision, layout=args.layout)
+                             precision=precision, layout=args.layout, merge=args.merge)
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     row["implementations"] = model.graph.implementations()
@@ -116,7 +116,8 @@ class _Laps:
 def row_options(args) -> dict:
     """The options a row was measured with (rows with others are not mixed in)."""
     return {"stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums,
-            "kernel_choice": args.kernels, "untuned": args.untuned, "layout": args.layout}
+            "kernel_choice": args.kernels, "untuned": args.untuned, "layout": args.layout,
+            "merge": args.merge}
 
 
 def _parse(case: str) -> tuple[str, str, int, str]:
@@ -300,6 +301,8 @@ def main() -> int:
     parser.add_argument("--untuned", action="store_true", help="build with no tuning log applied")
     parser.add_argument("--layout", choices=LAYOUTS, default="nchw",
                         help="tvmsched's convolution layout (tvmsched build --layout)")
+    parser.add_argument("--merge", action="store_true",
+                        help="merge tvmsched's convolutions reading one tensor (tvmsched build --merge)")
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
                         help="tvmsched's schedulers to measure (dp is needed for the speedup)")
     parser.add_argument("--skip", nargs="+", choices=("torch_compile", "relax_vm"), default=[],
