@@ -21,9 +21,24 @@ def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(actual.astype(np.float64) - expected).max() / np.abs(expected).max())
 
 
-@pytest.mark.parametrize("model", ["network", "branchy"])
+def mobile_block():
+    """MobileNetV3's activations after convolutions: HardSwish, and a HardSigmoid gate (TVM's converters of
+    both were out of reach of the mixed-precision pass)."""
+    rng = np.random.default_rng(3)
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)).astype("float32") * 0.3,
+               "w2": rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3}
+    nodes = [helper.make_node("Conv", ["input", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c1"], ["h"]),
+             helper.make_node("Conv", ["h", "w2"], ["c2"]),
+             helper.make_node("HardSigmoid", ["c2"], ["g"], alpha=1 / 6),
+             helper.make_node("Mul", ["h", "g"], ["output"])]
+    return make_model(nodes, [tensor("input", [2, 3, 8, 8])], [tensor("output", [2, 8, 8, 8])], weights)
+
+
+@pytest.mark.parametrize("model", ["network", "branchy", "mobile"])
 def test_fp16_stays_within_the_tolerance_of_fp32(model, branchy_model):
-    proto, shape = (network(), (2, 3, 8, 8)) if model == "network" else (branchy_model, (2, 3, 8, 8))
+    proto = {"network": network, "branchy": lambda: branchy_model, "mobile": mobile_block}[model]()
+    shape = (2, 3, 8, 8)
     half = tvmsched.compile(proto, target="llvm", batch=2, precision="fp16")
     full = tvmsched.compile(proto, target="llvm", batch=2)
     assert half.meta.precision == "fp16" and full.meta.precision == "fp32"

@@ -1,6 +1,7 @@
 """Elementwise ops where TVM's converter is wrong (BitShift out of range, IsInf's detect flags, Mod of floats
-with fmod=0, Mish's precision, Pow of mixed or integer dtypes, Round on CUDA, activations of float16) or
-missing (Swish, Celu, BitCast, EyeLike)."""
+with fmod=0, Mish's precision, Pow of mixed or integer dtypes, Round on CUDA, activations of float16),
+missing (Swish, Celu, BitCast, EyeLike), or out of reach of TVM's mixed-precision pass (Clip, HardSigmoid,
+HardSwish: TE calls or clip bounds the pass cannot carry float16 through)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,34 @@ class Clip(OnnxOpConverter):
                 bound = bb.emit(relax.op.where(relax.op.isnan(bound), _const(unbounded, bound), bound))
             result = bb.emit(limit(result, bound))
         return result
+
+
+def _clamp(bb, x: relax.Expr, low: float, high: float) -> relax.Expr:
+    """x bounded to [low, high] by Relax maximum and minimum (see Clip)."""
+    return bb.emit(relax.op.minimum(bb.emit(relax.op.maximum(x, _const(low, x))), _const(high, x)))
+
+
+@register_converter("HardSigmoid")
+class HardSigmoid(OnnxOpConverter):
+    """max(0, min(1, alpha x + beta)), as TVM's converter computes it, bounded as Clip is."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        scaled = bb.emit(relax.op.add(relax.op.multiply(_const(float(attr.get("alpha", 0.2)), x), x),
+                                      _const(float(attr.get("beta", 0.5)), x)))
+        return _clamp(bb, scaled, 0, 1)
+
+
+@register_converter("HardSwish")
+class HardSwish(OnnxOpConverter):
+    """x * min(max(x + 3, 0), 6) / 6, as TVM's converter computes it, bounded as Clip is."""
+
+    @classmethod
+    def _impl_v14(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        gate = _clamp(bb, bb.emit(relax.op.add(x, _const(3, x))), 0, 6)
+        return relax.op.multiply(x, relax.op.divide(gate, _const(6, x)))
 
 
 @register_converter("IsInf")
