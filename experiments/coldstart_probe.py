@@ -1,0 +1,101 @@
+"""One cold start of a saved build, in this process (run it in a fresh one): prints one JSON line with the
+seconds of each part, the first output's agreement with the steady state's, and the warm repeat
+(`experiments.coldstart` runs it and keeps the rows).
+
+    python -m experiments.coldstart_probe BUILD_DIR
+"""
+
+import time
+
+STARTED = time.perf_counter()
+
+import json  # noqa: E402  (the imports are part of what is timed)
+import sys  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+
+import tvmsched  # noqa: E402
+from tvmsched import api  # noqa: E402
+from tvmsched.target import device_name  # noqa: E402
+
+IMPORTED = time.perf_counter()
+BANDWIDTH_BYTES = 256 * 2**20
+
+
+def main(directory: str) -> dict:
+    seconds = defaultdict(float)
+    _time_calls(seconds)
+    row = {"import_s": round(IMPORTED - STARTED, 3)}
+    cold = _start(directory, seconds)
+    row.update(cold["times"])
+    row["load_parts_s"] = {name: round(value, 3) for name, value in seconds.items()}
+    model, first = cold["model"], cold["first"]
+    inputs = model.random_inputs()
+    steady = model.run(inputs)
+    row["first_equals_steady"] = all(np.array_equal(a, b) for a, b in zip(first, steady))
+    row["steady_ms"] = round(model.benchmark(warmup=10, repeat=50)["median_ms"], 4)
+    row["weights_mb"] = round(sum(value.nbytes for value in model.constants.values()) / 2**20, 2)
+    row["device"] = device_name(model.meta.target)
+    model.close()
+    seconds.clear()
+    warm = _start(directory, seconds)
+    row["warm"] = {**warm["times"],
+                   "load_parts_s": {name: round(value, 3) for name, value in seconds.items()}}
+    warm["model"].close()
+    row["host_to_device_gbps"] = _bandwidth(model)
+    return row
+
+
+def _start(directory: str, seconds: dict) -> dict:
+    """load, make the executor, run once: the seconds of each, and the model and its first outputs."""
+    times = {}
+    start = time.perf_counter()
+    model = tvmsched.load(directory)
+    times["load_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    with model.exclusive():  # makes the executor: device buffers, weights uploaded, the plan captured
+        pass
+    times["executor_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    first = model.run(model.random_inputs())
+    times["first_run_s"] = time.perf_counter() - start
+    times["to_first_result_s"] = sum(times.values())
+    return {"times": {name: round(value, 4) for name, value in times.items()}, "model": model, "first": first}
+
+
+def _time_calls(seconds: dict) -> None:
+    """Accumulate the seconds spent in the parts of `load` into `seconds` by name."""
+    def timed(name, function):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - start
+        return call
+    api._sha256 = timed("digests", api._sha256)
+    api.np.load = timed("weights", np.load)  # opening the archive, then reading each array
+    np.lib.npyio.NpzFile.__getitem__ = timed("weights", np.lib.npyio.NpzFile.__getitem__)
+    tvm.runtime.load_module = timed("library", tvm.runtime.load_module)
+
+
+def _bandwidth(model) -> float | None:
+    """GB/s of copying BANDWIDTH_BYTES of pageable host memory to the device (best of 3); None on a CPU."""
+    if model.meta.target.kind != "cuda":
+        return None
+    data = np.ones(BANDWIDTH_BYTES, "uint8")
+    device = tvm.cuda(0)
+    target = tvm.runtime.empty(data.shape, "uint8", device)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        target.copyfrom(data)
+        device.sync()
+        best = min(best, time.perf_counter() - start)
+    return round(BANDWIDTH_BYTES / best / 1e9, 2)
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
