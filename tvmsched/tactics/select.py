@@ -30,6 +30,7 @@ from tvmsched.errors import TargetError, UsageError
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.tactics.affine import vendor_call
 from tvmsched.tactics.library import LIBRARIES, Tactic, installed
+from tvmsched.tactics.vendor_op import VendorOp
 
 MODES = ("auto", "tvm", "vendor")
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
@@ -64,18 +65,21 @@ def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], objec
     if mode == "tvm" or not recognized or not versions:
         return Selection(graph, {})
     with ExitStack() as owner:
-        selector = _Selector(owner, versions, make_timer, device_name, kernels_hash, constants,
+        selector = _Selector(owner, versions, make_timer, device_name, kernels_hash,
                              cache or cache_path("tactics.json"))
+        # kernels of one PrimFunc whose libraries' op is the same (folded alike) share one choice
+        calls = {kernel.id: vendor_call(kernel, constants.__getitem__) for kernel in recognized}
+        keys = {kernel.id: (kernel.symbol, _digest(calls[kernel.id][0].to_json())) for kernel in recognized}
+        representatives = {keys[kernel.id]: kernel for kernel in reversed(recognized)}
         try:
             chosen = {}
-            representatives = {kernel.symbol: kernel for kernel in reversed(recognized)}
-            for done, kernel in enumerate(representatives.values()):
-                chosen[kernel.symbol] = selector.choose(kernel, mode)
+            for done, (key, kernel) in enumerate(representatives.items()):
+                chosen[key] = selector.choose(kernel, mode, *calls[kernel.id])
                 progress(done + 1, len(representatives))
         finally:
             selector.save()
-    tactics = {kernel.id: chosen[kernel.symbol][0] for kernel in recognized if chosen[kernel.symbol]}
-    timings = {kernel.id: chosen[kernel.symbol][1] for kernel in recognized if chosen[kernel.symbol]}
+    tactics = {kernel.id: chosen[keys[kernel.id]][0] for kernel in recognized if chosen[keys[kernel.id]]}
+    timings = {kernel.id: chosen[keys[kernel.id]][1] for kernel in recognized if chosen[keys[kernel.id]]}
     return Selection(graph.with_tactics(tactics), timings)
 
 
@@ -87,7 +91,7 @@ def check_mode(mode: str) -> None:
 
 class _Selector:
     def __init__(self, owner: ExitStack, versions: dict[str, str], make_timer, device_name: str,
-                 kernels_hash: str, constants: dict[str, np.ndarray], path: Path):
+                 kernels_hash: str, path: Path):
         self.owner = owner
         self.libraries = {name: LIBRARIES[name](owner) for name in versions}
         self.versions = versions
@@ -95,16 +99,16 @@ class _Selector:
         self.timer = None
         self.device_name = device_name
         self.kernels_hash = kernels_hash
-        self.constants = constants
         self.path = path
         self.entries = read_cache(path).get(CACHE_SECTION, {})
         self.measured: dict[str, float | None] = {}
 
-    def choose(self, kernel: Kernel, mode: str) -> tuple[Tactic, tuple[float | None, float]] | None:
-        """The fastest working tactic of `kernel` with (TVM's ms, its ms); None where TVM's function wins
-        or no plan works."""
+    def choose(self, kernel: Kernel, mode: str, vendor_op: VendorOp,
+               folded: list[np.ndarray]) -> tuple[Tactic, tuple[float | None, float]] | None:
+        """The fastest working tactic of `kernel`, whose libraries compute `vendor_op` with the `folded`
+        arrays after its parameters (`tactics.affine`), with (TVM's ms, its ms); None where TVM's function
+        wins or no plan works."""
         options = []
-        vendor_op, folded = vendor_call(kernel, self.constants.__getitem__)
         workload = _digest(vendor_op.to_json())
         for name, library in self.libraries.items():
             for candidate in library.candidates(vendor_op, MAX_PLANS):
