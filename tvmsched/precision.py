@@ -4,6 +4,10 @@ fp16 is TVM's automatic mixed precision (`relax.transform.ToMixedPrecision`): co
 products take float16 operands and accumulate in float32, element-wise ops follow their inputs in float16,
 and ops that need the range (softmax, normalizations, reductions) stay in float32; weights become float16
 constants. The model's inputs and outputs keep their dtypes, so a compiled model is called as in fp32.
+
+TVM's pass cannot type a `call_tir` (its callee is an argument): each op a converter emitted as TE is
+wrapped in a private Relax function for the pass, which computes it in float32 like an op it does not
+know, and inlined back afterwards.
 """
 
 from __future__ import annotations
@@ -27,10 +31,35 @@ def in_precision(module: tvm.IRModule, precision: str) -> tvm.IRModule:
     check_precision(precision)
     if precision == "fp32":
         return module
+    wrapped = relax.transform.ConvertToDataflow()(_te_calls_wrapped(module))
     try:
-        return relax.transform.ToMixedPrecision(out_dtype="float32")(
-            relax.transform.ConvertToDataflow()(module))
+        mixed = relax.transform.ToMixedPrecision(out_dtype="float32")(wrapped)
     except Exception as error:  # noqa: BLE001  (TVM's passes raise many types)
         raise UnsupportedOperator(f"TVM's mixed-precision pass does not take this model "
                                   f"({str(error).strip().splitlines()[-1][:160]}); build it with "
                                   f"--precision fp32") from None
+    return relax.transform.ConvertToDataflow()(relax.transform.InlinePrivateFunctions()(mixed))
+
+
+def _te_calls_wrapped(module: tvm.IRModule) -> tvm.IRModule:
+    """`module` with every `call_tir` of `main` moved into a private Relax function of its own."""
+    wrapper = _WrapTeCalls(module)
+    main = wrapper.visit_expr(module["main"])
+    wrapped = wrapper.builder_.get()
+    wrapped["main"] = main
+    return wrapped
+
+
+@relax.expr_functor.mutator
+class _WrapTeCalls(relax.PyExprMutator):
+    def visit_call_(self, op: relax.Call):
+        call = super().visit_call_(op)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
+            return call
+        arguments = call.args[1]
+        tensors = list(arguments.fields) if isinstance(arguments, relax.Tuple) else [arguments]
+        parameters = [relax.Var(f"x{index}", tensor.ty) for index, tensor in enumerate(tensors)]
+        body = relax.Call(call.op, [call.args[0], relax.Tuple(parameters), *call.args[2:]], call.attrs,
+                          call.ty_args)
+        function = relax.Function(parameters, body, ret_ty=call.ty, is_pure=True)
+        return relax.Call(self.builder_.add_func(function, f"te_{call.args[0].name_hint}"), tensors)
