@@ -48,6 +48,7 @@ from tvmsched.graph import extract
 from tvmsched.layout import LAYOUTS
 from tvmsched.lower import kernel_module, lower
 from tvmsched.precision import PRECISIONS
+from tvmsched.rewrite import rewrite
 from tvmsched.schedule import options_for
 from tvmsched.schedule.base import DEFAULT_STREAM_MAPPING, STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
@@ -192,7 +193,7 @@ def _relax_vm_ms(proto, args, precision: str) -> float:
     the same log where tvmsched's build uses a record, dlight defaults elsewhere)."""
     spec = resolve_target(args.target)
     inputs = frontend.bind_input_shapes(proto)
-    lowered = lower(frontend.to_relax(proto, inputs, precision=precision, layout=args.layout))
+    lowered = lower(rewrite(frontend.to_relax(proto, inputs), precision, args.layout, args.merge).module)
     module = tvm.IRModule(dict(lowered.module.functions), attrs=lowered.module.attrs)
     graph, _ = extract(lowered, [item.name for item in inputs])
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}

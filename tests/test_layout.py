@@ -42,3 +42,14 @@ def test_the_layout_is_saved_and_is_a_compile_flag(branchy_model, tmp_path, caps
     with pytest.raises(UsageError, match="unknown layout 'NHWC'"):
         tvmsched.compile(branchy_model, target="llvm", layout="NHWC",
                          progress=lambda stage: pytest.fail(f"started {stage}"))
+
+
+def test_merge_comes_first_and_composes_with_nhwc_and_fp16():
+    proto = network()  # two 1x1 convolutions read one tensor
+    x = np.random.default_rng(6).standard_normal((2, 3, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(proto, {"input": x})
+    for precision, tolerance in (("fp32", 1e-5), ("fp16", TOLERANCE)):
+        model = tvmsched.compile(proto, target="llvm", batch=2, merge=True, layout="nhwc",
+                                 precision=precision)
+        assert model.meta.merged_convolutions == (2,)
+        assert relative_error(model(x), expected) <= tolerance

@@ -28,9 +28,9 @@ from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.layout import check_layout
 from tvmsched.lower import kernel_module, lower
-from tvmsched.merge import Merged, merge_parallel
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.precision import check_precision
+from tvmsched.rewrite import rewrite
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics.select import Selection, check_mode, select_tactics
 from tvmsched.target import (
@@ -147,11 +147,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     constant_inputs = constant_inputs or {}
     inputs = frontend.bind_input_shapes(proto, batch, input_shapes, constant_inputs)
     progress("importing ONNX into Relax")
-    relax_module = frontend.to_relax(proto, inputs, constant_inputs, precision, layout)
-    merged = Merged(relax_module)
-    if merge:
-        progress("merging convolutions and matmuls")
-        merged = merge_parallel(relax_module)
+    relax_module = frontend.to_relax(proto, inputs, constant_inputs)
+    progress("rewriting (" + ", ".join([precision, layout] + ["merge"] * merge) + ")")
+    merged = rewrite(relax_module, precision, layout, merge)
     progress("lowering and fusing")
     lowered = lower(merged.module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])

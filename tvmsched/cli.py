@@ -543,7 +543,7 @@ def _tune(args) -> None:
     from tvmsched import frontend, zoo
     from tvmsched.api import model_proto
     from tvmsched.lower import lower
-    from tvmsched.merge import merge_parallel
+    from tvmsched.rewrite import rewrite
     from tvmsched.target import resolve_target
     from tvmsched.tuning import TuningLog, tune
 
@@ -564,8 +564,8 @@ def _tune(args) -> None:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
-            module = frontend.to_relax(proto, inputs, constants, args.precision, args.layout)
-            modules.append(lower(merge_parallel(module).module if args.merge else module))
+            module = frontend.to_relax(proto, inputs, constants)
+            modules.append(lower(rewrite(module, args.precision, args.layout, args.merge).module))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:

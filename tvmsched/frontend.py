@@ -217,20 +217,16 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def to_relax(proto: onnx.ModelProto, inputs: list[TensorSpec],
-             constant_inputs: dict[str, np.ndarray] | None = None, precision: str = "fp32",
-             layout: str = "nchw"):
+             constant_inputs: dict[str, np.ndarray] | None = None):
     """Import the ONNX model into a Relax IRModule with the given static input shapes, the inputs named in
-    `constant_inputs` bound to those values, its shape computations folded, its half-precision products
-    summing in float32 (`accumulate`), computing in `precision` (`tvmsched.precision`), its convolutions in
-    `layout` (`tvmsched.layout`)."""
+    `constant_inputs` bound to those values, its shape computations folded, and its half-precision
+    products summing in float32 (`accumulate`); `tvmsched.rewrite` applies what a build asks for next."""
     from tvmsched.accumulate import accumulate_in_float32
     from tvmsched.importer import import_model
-    from tvmsched.layout import in_layout
-    from tvmsched.precision import in_precision
 
     folded = fold_shapes(proto, {spec.name: spec.shape for spec in inputs}, constant_inputs or {})
     check_operators(folded.proto)
     check_value_inputs(folded)
     module = import_model(folded, {spec.name: list(spec.shape) for spec in inputs},
                           {spec.name: spec.dtype for spec in inputs}, default_opset(proto))
-    return in_layout(in_precision(accumulate_in_float32(module), precision), layout)
+    return accumulate_in_float32(module)
