@@ -1,8 +1,7 @@
 """--layout nhwc on the CPU: channels-last convolutions compute what the model computes, in the model's input
-and output layout, are recognized for the vendor libraries as NHWC, combine with fp16, and the layout is
-saved with a build and is a compile flag."""
+and output layout, are recognized for the vendor libraries as NHWC, and combine with fp16 and merge (saving
+and the compile flag: tests/test_precision.py)."""
 
-import json
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ from test_precision import TOLERANCE, relative_error
 from test_tactics_select import network
 
 import tvmsched
-from tvmsched.cli import main
 from tvmsched.errors import UsageError
 from tvmsched.tactics.vendor_op import Conv2d
 
@@ -30,15 +28,7 @@ def test_nhwc_computes_what_the_model_computes():
     assert relative_error(half(x), expected) <= TOLERANCE
 
 
-def test_the_layout_is_saved_and_is_a_compile_flag(branchy_model, tmp_path, capsys):
-    path = tmp_path / "model.onnx"
-    path.write_bytes(branchy_model.SerializeToString())
-    assert main(["build", str(path), "--target", "llvm", "--batch", "2", "--layout", "nhwc",
-                 "-o", str(tmp_path / "build")]) == 0
-    assert "in fp32, nhwc" in capsys.readouterr().err
-    assert json.loads((tmp_path / "build" / "meta.json").read_text())["layout"] == "nhwc"
-    assert main(["run", str(tmp_path / "build"), "--layout", "nchw"]) == 2
-    assert "--layout applies when compiling" in capsys.readouterr().err
+def test_an_unknown_layout_is_refused_before_compiling(branchy_model):
     with pytest.raises(UsageError, match="unknown layout 'NHWC'"):
         tvmsched.compile(branchy_model, target="llvm", layout="NHWC",
                          progress=lambda stage: pytest.fail(f"started {stage}"))

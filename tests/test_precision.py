@@ -52,19 +52,22 @@ def test_fp16_stays_within_the_tolerance_of_fp32(model, branchy_model):
     assert 0 < relative_error(actual, expected) <= TOLERANCE  # rounded to float16, and not more
 
 
-def test_the_precision_is_saved_and_is_a_compile_flag(branchy_model, tmp_path, capsys):
+@pytest.mark.parametrize("flag, value, printed, default", [("precision", "fp16", "in fp16, nchw", "fp32"),
+                                                            ("layout", "nhwc", "in fp32, nhwc", "nchw")])
+def test_precision_and_layout_are_saved_and_are_compile_flags(branchy_model, tmp_path, capsys, flag, value,
+                                                              printed, default):
     path = tmp_path / "model.onnx"
     path.write_bytes(branchy_model.SerializeToString())
-    assert main(["build", str(path), "--target", "llvm", "--batch", "2", "--precision", "fp16",
+    assert main(["build", str(path), "--target", "llvm", "--batch", "2", f"--{flag}", value,
                  "-o", str(tmp_path / "build")]) == 0
-    assert "in fp16" in capsys.readouterr().err
-    assert json.loads((tmp_path / "build" / "meta.json").read_text())["precision"] == "fp16"
-    assert tvmsched.load(tmp_path / "build").meta.precision == "fp16"
-    assert main(["run", str(tmp_path / "build"), "--precision", "fp32"]) == 2
-    assert "--precision applies when compiling" in capsys.readouterr().err
+    assert printed in capsys.readouterr().err
+    assert json.loads((tmp_path / "build" / "meta.json").read_text())[flag] == value
+    assert getattr(tvmsched.load(tmp_path / "build").meta, flag) == value
+    assert main(["run", str(tmp_path / "build"), f"--{flag}", default]) == 2
+    assert f"--{flag} applies when compiling" in capsys.readouterr().err
     meta = json.loads((tmp_path / "build" / "meta.json").read_text())
-    del meta["precision"]  # a build made before precisions existed is fp32
-    assert tvmsched.api.ModelMeta.from_json(meta).precision == "fp32"
+    del meta[flag]  # a build made before the flag existed has the default
+    assert getattr(tvmsched.api.ModelMeta.from_json(meta), flag) == default
 
 
 @pytest.mark.parametrize("op", ["Softplus", "CumSum"])
