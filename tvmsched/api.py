@@ -20,19 +20,19 @@ from tvmsched.codegen import build_library
 from tvmsched.cost import CostModel, create_cost_model
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.cost.measured import MeasuredCost
-from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel
+from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel, check_choice
 from tvmsched.executor import create_executor
 from tvmsched.executor.base import sample_value
 from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
-from tvmsched.layout import check_layout
+from tvmsched.layout import LAYOUTS
 from tvmsched.lower import kernel_module, lower
 from tvmsched.plan import ExecutionPlan, make_plan
-from tvmsched.precision import check_precision
+from tvmsched.precision import PRECISIONS
 from tvmsched.rewrite import rewrite
 from tvmsched.schedule import Scheduler, create_scheduler
-from tvmsched.tactics.select import Selection, check_mode, select_tactics
+from tvmsched.tactics.select import MODES, Selection, select_tactics
 from tvmsched.target import (
     TargetSpec,
     default_executor,
@@ -136,9 +136,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `progress` is called with the name of each stage as it starts.
     """
     spec = resolve_target(target)
-    check_mode(kernels)
-    check_precision(precision)
-    check_layout(layout)
+    check_choice("kernel choice", kernels, MODES)
+    check_choice("precision", precision, PRECISIONS)
+    check_choice("layout", layout, LAYOUTS)
     if kernels == "vendor" and not _has_gpu(spec):
         raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA target and "
                           "its GPU; use --kernels tvm (or auto) here")

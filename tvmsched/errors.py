@@ -56,6 +56,12 @@ class UsageError(TvmschedError):
     with a saved build)."""
 
 
+def check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    """Refuse a `value` of option `what` that is none of `choices`."""
+    if value not in choices:
+        raise UsageError(f"unknown {what} '{value}'; choose one of {', '.join(choices)}")
+
+
 class OutputError(TvmschedError):
     """A file or directory tvmsched was asked to write cannot be written there."""
 

@@ -11,20 +11,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmsched.errors import UsageError
+from tvmsched.errors import check_choice
 
 LAYOUTS = ("nchw", "nhwc")
 
 
-def check_layout(layout: str) -> None:
-    """Refuse an unknown layout."""
-    if layout not in LAYOUTS:
-        raise UsageError(f"unknown layout '{layout}'; choose one of {', '.join(LAYOUTS)}")
-
-
 def in_layout(module: tvm.IRModule, layout: str) -> tvm.IRModule:
     """`module` (an imported model) with its 2-D convolutions computing in `layout`."""
-    check_layout(layout)
+    check_choice("layout", layout, LAYOUTS)
     if layout == "nchw":
         return module
     module = relax.transform.ConvertToDataflow()(module)

@@ -15,20 +15,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmsched.errors import UnsupportedOperator, UsageError
+from tvmsched.errors import UnsupportedOperator, check_choice
 
 PRECISIONS = ("fp32", "fp16")
 
 
-def check_precision(precision: str) -> None:
-    """Refuse an unknown precision."""
-    if precision not in PRECISIONS:
-        raise UsageError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
-
-
 def in_precision(module: tvm.IRModule, precision: str) -> tvm.IRModule:
     """`module` (an imported model) computing in `precision`."""
-    check_precision(precision)
+    check_choice("precision", precision, PRECISIONS)
     if precision == "fp32":
         return module
     wrapped = relax.transform.ConvertToDataflow()(_te_calls_wrapped(module))

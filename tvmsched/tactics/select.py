@@ -26,7 +26,7 @@ import tvm
 
 from tvmsched import measure
 from tvmsched.cache import cache_path, merge_into_cache, read_cache
-from tvmsched.errors import TargetError, UsageError
+from tvmsched.errors import TargetError, check_choice
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.tactics.affine import vendor_call
 from tvmsched.tactics.library import LIBRARIES, Tactic, installed
@@ -56,7 +56,7 @@ def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], objec
     where something is not cached; `constants` are the graph's constant values by name (a batch norm after
     a convolution is folded into its weights for the libraries, `tactics.affine`); `progress(done, total)`
     follows the kernels."""
-    check_mode(mode)
+    check_choice("kernel choice", mode, MODES)
     recognized = [kernel for kernel in graph.kernels if kernel.vendor_op is not None]
     versions = installed()
     if mode == "vendor" and not versions:
@@ -81,12 +81,6 @@ def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], objec
     tactics = {kernel.id: chosen[keys[kernel.id]][0] for kernel in recognized if chosen[keys[kernel.id]]}
     timings = {kernel.id: chosen[keys[kernel.id]][1] for kernel in recognized if chosen[keys[kernel.id]]}
     return Selection(graph.with_tactics(tactics), timings)
-
-
-def check_mode(mode: str) -> None:
-    """Refuse an unknown kernel choice."""
-    if mode not in MODES:
-        raise UsageError(f"unknown kernel choice '{mode}'; choose one of {', '.join(MODES)}")
 
 
 class _Selector:
