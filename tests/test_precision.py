@@ -97,3 +97,13 @@ def test_an_unknown_precision_or_a_failing_pass_is_refused(branchy_model, monkey
     monkeypatch.setattr(precision.relax.transform, "ToMixedPrecision", failing)
     with pytest.raises(UnsupportedOperator, match="pass does not take this model.*--precision fp32"):
         tvmsched.compile(branchy_model, target="llvm", batch=2, precision="fp16")
+
+
+def test_fp16_batch_norm_computes_in_float16_fused_with_its_convolution_and_relu():
+    """A batch norm imported as the op would stay float32, in kernels of its own between casts; decomposed
+    first, it follows its convolution in float16 and fuses with it and the relu after it."""
+    half = tvmsched.compile(network(), target="llvm", batch=2, precision="fp16")
+    [kernel] = [kernel for kernel in half.graph.kernels if "subtract" in kernel.op_kinds]
+    assert {"conv2d", "divide", "multiply", "relu"} <= set(kernel.op_kinds)
+    assert [tensor.dtype for tensor in kernel.outputs] == ["float16"]
+    assert kernel.vendor_op.name == "conv2d+cast+subtract+divide+multiply+bias+relu"

@@ -2,6 +2,8 @@
 and one bias for the vendor libraries: the folded op computes what the kernel computes (NCHW and NHWC),
 only the leading run of per-channel constant ops folds, and nothing folds where it cannot."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from vendor_standin import compute
@@ -83,3 +85,22 @@ def test_nothing_folds_where_it_cannot():
     matmul = VendorOp(Matmul((4, 8), (8, 6), (4, 6), "float32", "float32"), 0, 1,
                       (EpilogueOp("multiply", "float32", 2, 1),), 3)
     assert fold_affine(matmul, {1: np.ones((8, 6), "float32"), 2: np.ones(6, "float32")}, 4) is None
+
+
+def test_fp16_casts_inside_the_batch_norm_fold_away():
+    """fp16: the float32 sum is rounded to float16 before the batch norm; folded, the library keeps float32
+    until the output, which keeps its float16 dtype."""
+    nchw = conv_op("NCHW", ())
+    anchor = replace(nchw.anchor, dtype="float16")
+    epilogue = (EpilogueOp("cast", "float16"),) + tuple(
+        EpilogueOp(kind, "float16", 2 + index, 1) for index, kind in enumerate(BATCH_NORM))
+    for after in ((), (EpilogueOp("relu", "float16"),)):
+        vendor_op = VendorOp(anchor, 0, 1, epilogue + after, 6)
+        values = [value.astype("float16") for value in arguments(replace(vendor_op, anchor=nchw.anchor))]
+        folded, arrays = fold_affine(vendor_op, dict(enumerate(values[1:-1], start=1)), len(values))
+        assert folded.name == ("conv2d+bias+relu" if after else "conv2d+bias+cast")
+        assert folded.out_dtype == "float16" and arrays[1].dtype == np.float32
+        expected = compute(vendor_op, values).astype(np.float64)
+        actual = compute(folded, values + arrays)
+        assert actual.dtype == np.float16
+        assert np.abs(actual - expected).max() <= 5e-3 * np.abs(expected).max()

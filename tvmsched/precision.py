@@ -5,6 +5,10 @@ products take float16 operands and accumulate in float32, element-wise ops follo
 and ops that need the range (softmax, normalizations, reductions) stay in float32; weights become float16
 constants. The model's inputs and outputs keep their dtypes, so a compiled model is called as in fp32.
 
+Batch norms are decomposed and constant-folded first: the pass then sees a batch norm as per-channel
+arithmetic with constants, which follows the convolution in float16 and fuses with it and the activation
+after it (as the op, it stays float32 between a cast from and a cast to float16, in kernels of its own).
+
 TVM's pass cannot type a `call_tir` (its callee is an argument): each op a converter emitted as TE is
 wrapped in a private Relax function for the pass, which computes it in float32 like an op it does not
 know, and inlined back afterwards.
@@ -25,7 +29,8 @@ def in_precision(module: tvm.IRModule, precision: str) -> tvm.IRModule:
     check_choice("precision", precision, PRECISIONS)
     if precision == "fp32":
         return module
-    wrapped = relax.transform.ConvertToDataflow()(_te_calls_wrapped(module))
+    decomposed = relax.transform.FoldConstant()(relax.transform.DecomposeOpsForInference()(module))
+    wrapped = relax.transform.ConvertToDataflow()(_te_calls_wrapped(decomposed))
     try:
         mixed = relax.transform.ToMixedPrecision(out_dtype="float32")(wrapped)
     except Exception as error:  # noqa: BLE001  (TVM's passes raise many types)

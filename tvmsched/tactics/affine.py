@@ -5,8 +5,10 @@ A batch norm that the model left after a convolution reaches the kernel as `conv
 subtract, divide, multiply and add of constants. cuDNN fuses a bias after a convolution but not those, so
 such kernels had no vendor plan. The leading run of per-channel constant ops, x * s + t, is folded into a
 copy of the weights (scaled by s along the output channels) and one bias t: the library computes conv2d +
-bias + the rest of the epilogue on the folded parameters, which are appended after the kernel's own. The
-result differs from TVM's kernel by rounding only; selection's numeric check compares them as for any plan.
+bias + the rest of the epilogue on the folded parameters, which are appended after the kernel's own.
+Casts between float types inside that run (fp16: the convolution's float32 sum is rounded to float16 before
+the batch norm) fold away: the library keeps its float32 intermediate. The result differs from TVM's kernel
+by rounding only; selection's numeric check compares them as for any plan.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tvmsched.graph import Kernel
 from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, VendorOp
 
 FOLDABLE = ("bias", "subtract", "multiply", "divide")
+FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def fold_affine(vendor_op: VendorOp, constants: dict[int, np.ndarray],
@@ -36,8 +39,10 @@ def fold_affine(vendor_op: VendorOp, constants: dict[int, np.ndarray],
     scale, shift = np.ones(channels), np.zeros(channels)
     folded = 0
     for op in vendor_op.epilogue:
-        if op.kind not in FOLDABLE or op.axis != axis or op.operand not in constants \
-                or op.dtype != anchor.accumulate_dtype:
+        if op.kind == "cast" and op.dtype in FLOATS:
+            folded += 1
+            continue
+        if op.kind not in FOLDABLE or op.axis != axis or op.operand not in constants:
             break
         value = constants[op.operand].astype(np.float64).reshape(-1)
         if value.size != channels:
@@ -51,12 +56,15 @@ def fold_affine(vendor_op: VendorOp, constants: dict[int, np.ndarray],
         else:
             scale, shift = scale / value, shift / value
         folded += 1
-    if not any(op.kind != "bias" for op in vendor_op.epilogue[:folded]):
+    if not any(op.kind not in ("bias", "cast") for op in vendor_op.epilogue[:folded]):
         return None
     weight = constants[vendor_op.weight]
     scaled = (weight.astype(np.float64) * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(weight.dtype)
     bias = EpilogueOp("bias", anchor.accumulate_dtype, parameters + 1, axis)
-    op = replace(vendor_op, weight=parameters, epilogue=(bias, *vendor_op.epilogue[folded:]))
+    epilogue = (bias, *vendor_op.epilogue[folded:])
+    if epilogue[-1].dtype != vendor_op.out_dtype:
+        epilogue += (EpilogueOp("cast", vendor_op.out_dtype),)
+    op = replace(vendor_op, weight=parameters, epilogue=epilogue)
     shape = [channels if dimension == axis else 1 for dimension in range(len(anchor.out_shape))]
     return op, [scaled, shift.reshape(shape).astype(anchor.accumulate_dtype)]
 

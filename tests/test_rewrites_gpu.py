@@ -1,0 +1,36 @@
+"""fp16, NHWC and merged convolutions on the GPU (needs a CUDA device): each computes what the model computes,
+in every multi-stream executor, with TVM's kernels and with the vendor tactics selection may choose."""
+
+import numpy as np
+import pytest
+from conftest import onnxruntime_outputs
+from test_precision import TOLERANCE, mobile_block, relative_error
+from test_tactics_select import network
+
+import tvmsched
+
+pytestmark = pytest.mark.gpu
+
+REWRITES = {"fp16": dict(precision="fp16"), "nhwc": dict(layout="nhwc"), "merge": dict(merge=True),
+            "all": dict(precision="fp16", layout="nhwc", merge=True)}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("kernels", ["tvm", "auto"])
+@pytest.mark.parametrize("rewrite", sorted(REWRITES))
+@pytest.mark.parametrize("make", [network, mobile_block], ids=["network", "mobile"])
+def test_rewritten_builds_match_onnxruntime_on_cuda(make, rewrite, kernels):
+    proto = make()
+    x = np.random.default_rng(7).standard_normal((2, 3, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(proto, {"input": x})
+    tolerance = TOLERANCE if "precision" in REWRITES[rewrite] else 1e-5
+    model = tvmsched.compile(proto, target="cuda", batch=2, kernels=kernels, **REWRITES[rewrite])
+    for schedule in ("sequential", "dp"):
+        for executor in ("streams", "cuda-graph"):
+            rescheduled = model.reschedule(schedule, max_streams=4, executor=executor)
+            for _ in range(2):
+                assert relative_error(rescheduled(x), expected) <= tolerance
