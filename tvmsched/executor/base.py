@@ -84,21 +84,25 @@ class Executor(ABC):
         self.resources = ExitStack()  # releases the vendor libraries' handles (and subclasses' own)
         self.libraries: dict[str, VendorLibrary] = {}
         self.vendor_arguments: dict[int, list] = {}  # by kernel: what its plan reads, folded weights too
+        host = {name: value for name, value in constants.items() if isinstance(value, np.ndarray)}
         try:
-            self.launchers = {kernel.id: self._launcher(library, kernel) for kernel in graph.kernels}
+            self.launchers = {kernel.id: self._launcher(library, kernel, host) for kernel in graph.kernels}
         except BaseException:
             self.resources.close()
             raise
 
-    def _launcher(self, library, kernel: Kernel) -> Launcher:
-        """The kernel on its buffers (inputs, outputs, workspace): TVM's function or the tactic's plan."""
+    def _launcher(self, library, kernel: Kernel, host: dict[str, np.ndarray]) -> Launcher:
+        """The kernel on its buffers (inputs, outputs, workspace): TVM's function or the tactic's plan (its
+        folded weights, `tactics.affine`, from the `host` constants where given, else read from the device).
+        """
         arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
         workspace = [self.buffers[tensor.name] for tensor in kernel.workspace]
         if kernel.tactic is not None:
             tactic = kernel.tactic
             if tactic.library not in self.libraries:
                 self.libraries[tactic.library] = open_library(tactic, self.resources)
-            vendor_op, folded = vendor_call(kernel, lambda name: self.buffers[name].numpy())
+            vendor_op, folded = vendor_call(kernel, lambda name: host[name] if name in host
+                                            else self.buffers[name].numpy())
             arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
             self.vendor_arguments[kernel.id] = arguments
             return self.libraries[tactic.library].launcher(vendor_op, tactic.plan, arguments,
