@@ -151,3 +151,23 @@ def test_a_kernel_without_a_schedule_that_compiles_fails_the_build_naming_it(mon
     _failing_compile(monkeypatch, ("Broken",))
     with pytest.raises(GraphError, match=r"kernel '\w+' cannot be compiled with any schedule: Broken did"):
         codegen.build_library(kernels, resolve_target("nvidia/nvidia-h100"))
+
+
+def test_cpu_kernels_compile_in_parts_into_one_library_that_saves_and_loads(monkeypatch, branchy_model,
+                                                                             tmp_path):
+    """On the CPU the kernels compile on one thread per core; the parts' modules form one library whose
+    every kernel is callable, which computes what one part computes and saves and loads as one file."""
+    from conftest import onnxruntime_outputs
+
+    from tvmsched import codegen
+
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(branchy_model, {"input": x})
+    monkeypatch.setattr(codegen, "KERNELS_PER_PART", 1)
+    monkeypatch.setattr(codegen.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    model = tvmsched.compile(branchy_model, target="llvm", batch=1)
+    assert len(model.library.mod.imports) == 2  # three parts
+    assert all(model.library[kernel.symbol] is not None for kernel in model.graph.kernels)
+    np.testing.assert_allclose(model(x), expected, rtol=1e-5, atol=1e-5)
+    model.save(tmp_path / "build")
+    np.testing.assert_allclose(tvmsched.load(tmp_path / "build")(x), expected, rtol=1e-5, atol=1e-5)
