@@ -1,6 +1,8 @@
 """The default CPU schedules: which rule schedules each kind of kernel, that the scheduled kernels run
 parallel and vectorized and compute what onnxruntime does, and that a rule that raises is skipped."""
 
+import re
+
 import numpy as np
 import pytest
 from conftest import assert_matches, make_model, onnxruntime_outputs, tensor
@@ -87,3 +89,27 @@ def test_a_rule_that_raises_is_skipped_and_named(monkeypatch):
     why = "gemm failed (RuntimeError: a broken rule); runs the Reduction schedule"
     assert dict(compiled.meta.fallbacks) == {"fused_matmul_add": why, "softmax": why}
     assert_matches(compiled.run(inputs), onnxruntime_outputs(model, inputs))
+
+
+@pytest.mark.parametrize("mcpu, lanes, tile", [("znver3", 8, 12), ("haswell", 8, 12), ("znver4", 16, 16),
+                                               ("skylake-avx512", 16, 16), ("x86-64", 4, 12)])
+def test_vectors_follow_the_targets_registers(mcpu, lanes, tile):
+    """TVM's llvm_get_vector_width says 512 bits for every x86 CPU: the lanes come from the features."""
+    import tvm
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    assert cpu_schedules.vector_lanes(target, tvm.DataType("float32")) == lanes
+    assert cpu_schedules.tile_positions(target) == tile
+
+
+def test_a_channel_count_vectorizes_by_a_power_of_two():
+    """1,000 output channels on 16 lanes were vectors of 10, which LLVM shuffles: 8 divides them."""
+    import tvm
+
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["out"])], [tensor("x", [1, 16, 5, 5])],
+                       [tensor("out", [1, 1000, 5, 5])], {"w": _weights(1000, 16, 1, 1)}, opset=17)
+    inputs = frontend.bind_input_shapes(model, 1)
+    [function] = kernel_module(lower(frontend.to_relax(model, inputs))).functions.values()
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    script = cpu_schedules.gemm(function, target).mod["main"].script()
+    assert set(re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", script)) == {"8"}
