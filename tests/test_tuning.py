@@ -3,6 +3,7 @@ workloads, an interrupted or budget-stopped run keeps its records, foreign and c
 and two runs never write one log at once."""
 
 import gzip
+import importlib
 import json
 import os
 import shutil
@@ -390,6 +391,28 @@ def test_tuning_for_a_gpu_without_one_is_refused_before_anything_is_measured(tmp
     with pytest.raises(TargetError, match="no CUDA device is present here; .*--rpc HOST:PORT:KEY"):
         tune(lowered(branchy_model), resolve_target("cuda"), log, TuneOptions(trials=1))
     assert not log.exists() and not (tmp_path / "manifest.json").exists()
+
+
+class _FailingRunner:
+    """A runner on a device that cannot run anything."""
+
+    class _Future:
+        def result(self):
+            error = "Traceback ...\nCUDA Runtime Error: initialization error\n"
+            return tvm.s_tir.meta_schedule.runner.RunnerResult(None, error)
+
+    def run(self, inputs):
+        return [self._Future() for _ in inputs]
+
+
+def test_a_run_whose_defaults_all_fail_to_run_stops_with_the_devices_error(tmp_path, branchy_model,
+                                                                           monkeypatch):
+    monkeypatch.setattr(importlib.import_module("tvmsched.tuning.tune"), "_runner",
+                        lambda options: _FailingRunner())
+    log = TuningLog.for_target(LLVM, tmp_path)
+    with pytest.raises(TargetError, match=r"all \d+ default schedules built but none ran where candidates "
+                                          r"are measured \(CUDA Runtime Error: initialization error\)"):
+        tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=2, **FAST))
 
 
 def test_tune_measures_through_an_rpc_tracker(tmp_path, branchy_model):

@@ -41,6 +41,7 @@ from tvmsched.tuning.kernels import (
     tune_kernels,
 )
 from tvmsched.tuning.log import TuningLog, database_key
+from tvmsched.tuning.rpc import TrackerAddress, rpc_runner
 
 SEARCH_STRATEGIES = ("evolutionary", "replay-trace", "replay-func")
 COST_MODELS = ("xgb", "mlp", "random")
@@ -73,7 +74,7 @@ class TuneOptions:
         if self.concurrent is not None and self.concurrent < 1:
             raise TvmschedError(f"--concurrent must be at least 1, got {self.concurrent}")
         if self.rpc:
-            _parse_rpc(self.rpc)
+            TrackerAddress.parse(self.rpc)
 
     def kernels_at_once(self, spec: TargetSpec) -> int:
         """Kernels tuned at once: one where candidates are measured on this machine's CPU, whose timings
@@ -373,16 +374,4 @@ EVALUATOR = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enab
 def _runner(options: TuneOptions):
     if not options.rpc:
         return ms.runner.LocalRunner(evaluator_config=EVALUATOR)
-    host, port, key = _parse_rpc(options.rpc)
-    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
-                                 session_timeout_sec=60)
-    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=EVALUATOR)
-
-
-def _parse_rpc(text: str) -> tuple[str, int, str]:
-    host, _, rest = text.partition(":")
-    port, _, key = rest.partition(":")
-    if not (host and port.isdigit() and key):
-        raise TvmschedError(f"--rpc '{text}': write HOST:PORT:KEY of a TVM RPC tracker, e.g. "
-                            f"127.0.0.1:9190:h100")
-    return host, int(port), key
+    return rpc_runner(TrackerAddress.parse(options.rpc), EVALUATOR)

@@ -1,0 +1,162 @@
+"""Tuning through a TVM RPC tracker with 1 and with N GPUs behind it: for each run a tracker and one RPC
+server per GPU (`CUDA_VISIBLE_DEVICES=i`) start on this host, and `tvmsched tune --rpc` tunes the same zoo
+models from an empty log with the same trials per kernel and time budget; writes trials per minute and
+each kernel's best latency per run, and compares every run with the first on the kernels both finished.
+
+    python -m experiments.rpc_tuning --zoo squeezenet googlenet --batch 16 --trials 16 --time-budget 200 \\
+        --runs 1:4 2:4 2:8 --out experiments/results/rpc_tuning_2026-11-25.json
+
+A run is GPUS:CONCURRENT (kernels tuned at once). Logs and each run's console output go to --work. Runs
+accumulate in --out: a later call adds its runs after those already there (same setup expected).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from experiments.common import argument_parser, command, now
+from tvmsched.errors import TvmschedError
+from tvmsched.target import device_name, resolve_target
+from tvmsched.tuning.log import MANIFEST
+from tvmsched.tuning.rpc import TrackerAddress, registered_servers
+
+KEY = "tvmsched-gpu"
+
+
+class Tracker:
+    """A tracker on 127.0.0.1:`port` with one RPC server per GPU; stops them on exit."""
+
+    def __init__(self, port: int, gpus: int, work: Path):
+        self.address = TrackerAddress("127.0.0.1", port, KEY)
+        self.gpus, self.work, self.processes = gpus, work, []
+
+    def __enter__(self) -> TrackerAddress:
+        python = [sys.executable, "-m"]
+        self._start([*python, "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(self.address.port),
+                     "--port-end", str(self.address.port + 1), "--silent"], os.environ, "tracker")
+        for gpu in range(self.gpus):
+            port = self.address.port + 10 * (gpu + 1)
+            self._start([*python, "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{self.address.port}",
+                         "--key", KEY, "--host", "127.0.0.1", "--port", str(port),
+                         "--port-end", str(port + 9), "--no-fork"],
+                        {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}, f"server{gpu}")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if registered_servers(self.address) == self.gpus:
+                    return self.address
+            except TvmschedError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.gpus} RPC servers did not register within 60 s; see {self.work}")
+            time.sleep(1)
+
+    def _start(self, argv: list[str], env, name: str) -> None:
+        log = (self.work / f"{name}.log").open("w")
+        self.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+
+    def __exit__(self, *exc) -> None:
+        """Stops the tracker and the servers with the processes they started (a server listens in a child)."""
+        for process in self.processes:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
+    """One `tvmsched tune --rpc` run with `gpus` servers behind a fresh tracker, into an empty log."""
+    run_dir = work / f"run{index}_{gpus}gpu_c{concurrent}"
+    run_dir.mkdir(parents=True)
+    with Tracker(free_port(), gpus, run_dir) as address:
+        argv = [sys.executable, "-m", "tvmsched", "tune", "--zoo", *args.zoo, "--batch", str(args.batch),
+                "--target", args.target, "--trials", str(args.trials), "--concurrent", str(concurrent),
+                "--time-budget", f"{args.time_budget}s", "--rpc", str(address), "--log", str(run_dir / "log")]
+        start = time.perf_counter()
+        with (run_dir / "tune.log").open("w") as out:
+            try:
+                returncode = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT,
+                                            timeout=args.time_budget + 180).returncode
+            except subprocess.TimeoutExpired:
+                returncode = "timed out"
+        wall_s = time.perf_counter() - start
+    manifests = list((run_dir / "log").rglob(MANIFEST))
+    kernels = json.loads(manifests[0].read_text())["workloads"] if manifests else {}
+    trials = sum(entry.get("trials", 0) for entry in kernels.values())
+    finished = [key for key, entry in kernels.items() if is_finished(entry, args.trials)]
+    logs = [(run_dir / f"server{gpu}.log").read_text() for gpu in range(gpus)]
+    row = {"gpus": gpus, "concurrent": concurrent, "measured": now(), "returncode": returncode,
+           "wall_s": round(wall_s, 1), "trials": trials, "trials_per_min": round(60 * trials / wall_s, 1),
+           "kernels_finished": len(finished),
+           "sessions_per_gpu": [log.count("start serving") for log in logs],
+           "console_tail": (run_dir / "tune.log").read_text()[-600:],
+           "kernels": kernels}
+    print(f"  {gpus} GPU(s), {concurrent} at once: {trials} trials in {wall_s:.0f} s "
+          f"({row['trials_per_min']} per minute), {len(finished)} kernels finished", flush=True)
+    return row
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, with the next 40 (the servers') unused by this experiment."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def is_finished(entry: dict, trials: int) -> bool:
+    """A manifest entry with its trials (or an exhausted search) and a measured best."""
+    return entry.get("best_ms") is not None and (entry.get("trials", 0) >= trials or entry.get("exhausted"))
+
+
+def compare(base: dict, run: dict, trials: int) -> dict:
+    """`run` against `base`: trials per minute, and best latencies on the kernels both finished."""
+    common = [key for key, entry in run["kernels"].items()
+              if is_finished(entry, trials) and is_finished(base["kernels"].get(key, {}), trials)]
+    ratios = [run["kernels"][key]["best_ms"] / base["kernels"][key]["best_ms"] for key in common]
+    return {"runs": f"{run['gpus']}:{run['concurrent']} vs {base['gpus']}:{base['concurrent']}",
+            "trials_per_min_ratio": round(run["trials_per_min"] / base["trials_per_min"], 3)
+            if base["trials_per_min"] else None,
+            "common_finished_kernels": len(common),
+            "best_ms_sum": [round(sum(base["kernels"][k]["best_ms"] for k in common), 4),
+                            round(sum(run["kernels"][k]["best_ms"] for k in common), 4)],
+            "best_ms_geomean_ratio": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+            if ratios else None}
+
+
+def main() -> int:
+    parser = argument_parser(__doc__)
+    parser.add_argument("--zoo", nargs="+", default=["squeezenet", "googlenet"])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--time-budget", type=int, default=200, help="seconds per run")
+    parser.add_argument("--runs", nargs="+", default=["1:4", "2:4", "2:8"], help="GPUS:CONCURRENT")
+    parser.add_argument("--work", default=None, help="logs and console output (default: a temporary folder)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="tvmsched-rpc-"))
+    runs = json.loads(args.out.read_text())["runs"] if args.out.is_file() else []
+    for text in args.runs:
+        gpus, _, concurrent = text.partition(":")
+        runs.append(tune_run(int(gpus), int(concurrent or 4), len(runs), args, work))
+        setup = {key: getattr(args, key) for key in ("zoo", "batch", "target", "trials", "time_budget")}
+        result = {"experiment": "tvmsched tune --rpc with 1 and N GPUs behind a local TVM RPC tracker",
+                  "device": device_name(resolve_target(args.target)), "date": now(),
+                  "command": command("experiments.rpc_tuning"), "setup": setup,
+                  "runs": runs, "against_first": [compare(runs[0], run, args.trials) for run in runs[1:]]}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))  # after every run: a killed call keeps the others
+        print(json.dumps(result["against_first"], indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
