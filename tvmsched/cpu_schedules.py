@@ -142,7 +142,9 @@ def _parallel_count(sch: s_tir.Schedule, loops) -> int:
 
 def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, tvm.tirx.Buffer, int] | None:
     """(the channel's index among the spatial iters, the weights' buffer, its dimension the channel
-    indexes) of a reduction `block`, or None where no spatial iter indexes one input alone."""
+    indexes) of a reduction `block`, or None where no spatial iter indexes one input alone. Besides the
+    channel, the weights may be indexed only by batch iters, which index the other input too (a batched
+    matmul of two activations, e.g. attention's)."""
     stmt = sch.get(block)
     iters = [iter_var.var for iter_var in stmt.iter_vars if iter_var.iter_type == 0]
     reads = [read for read in stmt.reads if not read.source.same_as(stmt.writes[0].source)]
@@ -152,11 +154,14 @@ def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, tvm.tirx.Buffer, int] |
         users = [[dim for dim, axis in enumerate(read.region)
                   if _uses(axis.min, iters[channel])] for read in reads]
         if sorted(map(len, users)) == [0, 1]:
-            weight = reads[0] if users[0] else reads[1]
+            weight, data = (reads[0], reads[1]) if users[0] else (reads[1], reads[0])
             dim = (users[0] or users[1])[0]
             others = [axis for other, axis in enumerate(iters) if other != channel]
-            alone = not any(_uses(axis.min, other) for axis in weight.region for other in others)
-            if alone and weight.region[dim].min.same_as(iters[channel]):  # no other output axis in W
+            batch = [axis for axis in others if any(_uses(region.min, axis) for region in data.region)]
+            alone = not any(_uses(region.min, other) and not any(other.same_as(axis) for axis in batch)
+                            for region in weight.region for other in others)
+            tiled = others and any(_uses(region.min, others[-1]) for region in weight.region)  # in registers
+            if others and alone and not tiled and weight.region[dim].min.same_as(iters[channel]):
                 return channel, weight.source, dim
     return None
 
