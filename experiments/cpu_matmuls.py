@@ -17,14 +17,18 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import tvmsched
 from experiments.common import argument_parser, command, now
 
 SHAPES = {"scores (q @ k^T)": ([1, 12, 197, 64], [1, 12, 64, 197]),
           "context (p @ v)": ([1, 12, 197, 197], [1, 12, 197, 64]),
-          "projection (x @ W)": ([1, 197, 768], [768, 768])}
+          "projection (x @ W)": ([1, 197, 768], [768, 768]),
+          "MLP in (GELU(x @ W + b))": ([1, 197, 768], [768, 3072])}
+GELU = [helper.make_node("Add", ["y0", "bias"], ["z"]), helper.make_node("Div", ["z", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["f"]),
+        helper.make_node("Mul", ["z", "f"], ["g"]), helper.make_node("Mul", ["g", "half"], ["y"])]
 
 
 def _median_ms(run, repeat: int) -> float:
@@ -41,7 +45,11 @@ def measure(name: str, a_shape: list[int], b_shape: list[int], repeat: int) -> d
     inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape),
               helper.make_tensor_value_info("b", TensorProto.FLOAT, b_shape)]
     output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [*a_shape[:-1], b_shape[-1]])
-    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "matmul", inputs, [output])
+    gelu = "GELU" in name  # the product then gets a bias and GELU, as exported
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y0" if gelu else "y"]), *(GELU if gelu else [])]
+    values = {"bias": np.linspace(-1, 1, b_shape[-1]), "sqrt2": 2 ** 0.5, "one": 1.0, "half": 0.5}
+    constants = [numpy_helper.from_array(np.array(value, "float32"), key) for key, value in values.items()]
+    graph = helper.make_graph(nodes, "matmul", inputs, [output], constants if gelu else [])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     rng = np.random.default_rng(0)
     feed = {"a": rng.standard_normal(a_shape).astype("float32"),

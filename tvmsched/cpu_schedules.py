@@ -88,6 +88,7 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     sch.vectorize(channel_inner)
     sch.unroll(position_inner)
     sch.decompose_reduction(block, reduction[0])
+    _epilogue_rest(sch, accumulator, target)
     if weight_dim != len(weight.shape) - 1:  # a vector of channels is not contiguous: pack the weights
         reads = [read.source for read in sch.get(block).reads]  # cache_write reordered them
         packed = sch.cache_read(block, next(index for index, read in enumerate(reads)
@@ -190,12 +191,27 @@ def _inline_producers(sch: s_tir.Schedule, blocks, padding: bool = True) -> bool
 
 def _reverse_inline_consumers(sch: s_tir.Schedule, block) -> None:
     """Inline the element-wise chain that consumes `block` into it (the epilogue of a GEMM), as far as it
-    goes."""
-    while consumers := sch.get_consumers(block):
+    goes: while `block` has one consumer (TVM inlines the first of two, e.g. GELU's x * erf(x / sqrt 2),
+    into a kernel that reads the output the block no longer writes)."""
+    while len(consumers := sch.get_consumers(block)) == 1:
         try:
             sch.reverse_compute_inline(consumers[0])
         except s_tir.ScheduleError:
             return
+
+
+def _epilogue_rest(sch: s_tir.Schedule, block, target: tvm.target.Target) -> None:
+    """The epilogue that `_reverse_inline_consumers` left after `block` (it reads the GEMM's output more than
+    once): every intermediate block inlined into the last, which runs parallel and vectorized."""
+    names, frontier = [], sch.get_consumers(block)
+    while frontier:
+        names += [sch.get(each).name_hint for each in frontier if sch.get(each).name_hint not in names]
+        frontier = [consumer for each in frontier for consumer in sch.get_consumers(each)]
+    for name in names:
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except s_tir.ScheduleError:
+            _parallel_vectorize(sch, sch.get_sblock(name), target)
 
 
 def _moved_last(rank: int, dim: int):
