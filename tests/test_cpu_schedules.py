@@ -69,6 +69,16 @@ def _gelu_model():
                       {"w": _weights(12, 24), "b": _weights(24), **scalars}, opset=17)
 
 
+def _squeeze_excitation_model():
+    """A gate computed by a 1x1 convolution on a pooled map, broadcast onto the map (EfficientNet, RegNetY):
+    the convolution's epilogue writes a larger tensor than its product."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["pooled"], axes=[2, 3]),
+             helper.make_node("Conv", ["pooled", "w", "b"], ["conv"]),
+             helper.make_node("Sigmoid", ["conv"], ["gate"]), helper.make_node("Mul", ["x", "gate"], ["out"])]
+    return make_model(nodes, [tensor("x", [1, 16, 7, 7])], [tensor("out", [1, 16, 7, 7])],
+                      {"w": _weights(16, 16, 1, 1), "b": _weights(16)}, opset=17)
+
+
 def _first_rules(model) -> dict[str, str]:
     """The rule of each kernel's first schedule candidate on the CPU, by the kernel's operators."""
     inputs = frontend.bind_input_shapes(model, 1)
@@ -78,7 +88,8 @@ def _first_rules(model) -> dict[str, str]:
             for global_var, function in kernels.functions.items()}
 
 
-@pytest.mark.parametrize("model", [_conv_model, _matmul_softmax_model, _attention_model, _gelu_model])
+@pytest.mark.parametrize("model", [_conv_model, _matmul_softmax_model, _attention_model, _gelu_model,
+                                   _squeeze_excitation_model])
 def test_scheduled_models_match_onnxruntime(model):
     model = model()
     inputs = {"x": RNG.standard_normal([dim.dim_value for dim in

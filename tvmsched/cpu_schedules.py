@@ -192,12 +192,19 @@ def _inline_producers(sch: s_tir.Schedule, blocks, padding: bool = True) -> bool
 def _reverse_inline_consumers(sch: s_tir.Schedule, block) -> None:
     """Inline the element-wise chain that consumes `block` into it (the epilogue of a GEMM), as far as it
     goes: while `block` has one consumer (TVM inlines the first of two, e.g. GELU's x * erf(x / sqrt 2),
-    into a kernel that reads the output the block no longer writes)."""
+    into a kernel that reads the output the block no longer writes) of the same shape."""
     while len(consumers := sch.get_consumers(block)) == 1:
+        if not _same_shape(sch, consumers[0], block):  # a broadcast, e.g. a squeeze-excitation gate
+            return  # (TVM failed on it: "Cannot dispatch a null expression")
         try:
             sch.reverse_compute_inline(consumers[0])
         except s_tir.ScheduleError:
             return
+
+
+def _same_shape(sch: s_tir.Schedule, block, other) -> bool:
+    shapes = [[int(dim) for dim in sch.get(each).writes[0].source.shape] for each in (block, other)]
+    return shapes[0] == shapes[1]
 
 
 def _epilogue_rest(sch: s_tir.Schedule, block, target: tvm.target.Target) -> None:
