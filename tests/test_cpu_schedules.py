@@ -131,6 +131,21 @@ def test_an_epilogue_that_reads_the_product_twice_stays_in_the_gemm_kernel():
     assert script.count("T.erf(") == 1 and script.count("T.sblock(") == 5  # GELU's rest in one block
 
 
+def test_a_broadcast_consumer_is_not_inlined_into_its_producer():
+    """Swin-V2's normalization x / max(|x|, eps), with eps a kernel input: inlining the broadcast into the
+    norm failed in TVM ("Cannot dispatch a null expression"), and the kernel ran unscheduled."""
+    nodes = [helper.make_node("ReduceL2", ["x"], ["norm"], axes=[-1], keepdims=1),
+             helper.make_node("Max", ["norm", "eps"], ["clamped"]),
+             helper.make_node("Expand", ["clamped", "shape"], ["wide"]),
+             helper.make_node("Div", ["x", "wide"], ["out"])]
+    model = make_model(nodes, [tensor("x", [4, 3, 6, 32]), tensor("eps", [])], [tensor("out", [4, 3, 6, 32])],
+                       {"shape": np.array([4, 3, 6, 32])}, opset=17)
+    inputs = {"x": RNG.standard_normal((4, 3, 6, 32)).astype("float32"), "eps": np.array(1e-12, "float32")}
+    compiled = tvmsched.compile(model, target="llvm")
+    assert compiled.meta.fallbacks == ()
+    assert_matches(compiled.run(inputs), onnxruntime_outputs(model, inputs))
+
+
 def test_the_gemm_rule_runs_parallel_and_vectorized():
     inputs = frontend.bind_input_shapes(_conv_model(), 1)
     kernels = kernel_module(lower(frontend.to_relax(_conv_model(), inputs)))

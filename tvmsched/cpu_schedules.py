@@ -106,6 +106,8 @@ def parallel(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Sc
     blocks = sch.get_child_blocks(get_root_block(sch))
     _inline_producers(sch, blocks[:-1], padding=False)
     for block in sch.get_child_blocks(get_root_block(sch)):
+        if not all(_same_shape(sch, producer, block) for producer in sch.get_producers(block)):
+            continue  # a broadcast (see `_reverse_inline_consumers`)
         try:
             sch.reverse_compute_inline(block)
         except s_tir.ScheduleError:
