@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import hashlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -79,8 +82,8 @@ def build_case(path: Path, target: str, build_dir: Path) -> dict:
 
 
 def reused_build(path: Path, build_dir: Path) -> dict | None:
-    """The build fields of the saved build of this very export (same size and time), if an earlier call
-    made one."""
+    """The build fields of the saved build of this very export (same size and time) by this very code (the
+    same tvmsched sources), if an earlier call made one."""
     saved = build_dir / "row.json"
     if not saved.is_file():
         return None
@@ -88,9 +91,19 @@ def reused_build(path: Path, build_dir: Path) -> dict | None:
     return row if row.pop("export", None) == _export_stamp(path) else None
 
 
-def _export_stamp(path: Path) -> list[int]:
+def _export_stamp(path: Path) -> list:
     stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns]
+    return [stat.st_size, stat.st_mtime_ns, _code_digest()]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A digest of tvmsched's Python sources: a build made by other code is not reused."""
+    package = Path(importlib.util.find_spec("tvmsched").origin).parent  # without importing TVM
+    digest = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        digest.update(source.relative_to(package).as_posix().encode() + source.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def check_case(path: Path, target: str, build_dir: Path, repeat: int) -> dict:

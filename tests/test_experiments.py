@@ -54,13 +54,15 @@ def test_the_table_rounds_dp_speedup_once():
     assert markdown([row]).splitlines()[-1].endswith("| 0.66x (pytorch_cuda_graph) |")  # 0.6646, not 0.665
 
 
-def test_a_saved_build_is_reused_only_for_the_export_it_was_built_from(tmp_path):
-    """A network exported again (e.g. with new weights) is built again, not checked against its old build."""
+def test_a_saved_build_is_reused_only_for_the_export_and_code_it_was_built_from(tmp_path, monkeypatch):
+    """A network exported again (e.g. with new weights), or by changed tvmsched sources, is built again, not
+    checked against its old build."""
     import os
 
     import numpy as np
     from onnx import helper, numpy_helper, save
 
+    from experiments import real_models
     from experiments.real_models import build_case, reused_build
 
     def export(scale: float) -> None:
@@ -74,6 +76,9 @@ def test_a_saved_build_is_reused_only_for_the_export_it_was_built_from(tmp_path)
     export(0.0)
     row = build_case(path, "llvm", build)
     assert row["status"] == "built" and reused_build(path, build) == row
+    monkeypatch.setattr(real_models, "_code_digest", lambda: "other code")
+    assert reused_build(path, build) is None  # built by other tvmsched sources
+    monkeypatch.undo()
     export(1.0)
     os.utime(path, ns=(1, 1))
     assert reused_build(path, build) is None
