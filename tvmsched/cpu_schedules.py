@@ -61,7 +61,7 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     axes = _gemm_axes(sch, block)
     if axes is None:
         return None
-    channel, weight, weight_dim = axes
+    channel, weight, weight_dim, group = axes
     for producer in sch.get_producers(block):  # padding kept in memory
         _parallel_vectorize(sch, producer, target)
     loops = sch.get_loops(block)
@@ -71,7 +71,7 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     position = [index for index in range(len(spatial)) if index != channel][-1]
     output_dim = list(kind).index("S") + channel  # output buffers are indexed by the spatial iters in order
     channels = int(sch.get(spatial[channel]).extent)
-    lanes = _divisor(channels, vector_lanes(target, sch.get(block).writes[0].source.dtype))
+    lanes = _divisor(math.gcd(channels, group), vector_lanes(target, sch.get(block).writes[0].source.dtype))
     accumulator = sch.cache_write(block, 0, "local")
     sch.transform_layout(block, ("write", 0), _moved_last(len(spatial), output_dim))
     _reverse_inline_consumers(sch, accumulator)
@@ -143,11 +143,13 @@ def _parallel_count(sch: s_tir.Schedule, loops) -> int:
     return len(loops) - 1
 
 
-def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, tvm.tirx.Buffer, int] | None:
+def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, tvm.tirx.Buffer, int, int] | None:
     """(the channel's index among the spatial iters, the weights' buffer, its dimension the channel
-    indexes) of a reduction `block`, or None where no spatial iter indexes one input alone. Besides the
-    channel, the weights may be indexed only by batch iters, which index the other input too (a batched
-    matmul of two activations, e.g. attention's)."""
+    indexes, the channels per group) of a reduction `block`, or None where no spatial iter indexes one
+    input alone. Besides the channel, the weights may be indexed only by batch iters, which index the
+    other input too (a batched matmul of two activations, e.g. attention's). A grouped convolution's data
+    is indexed by the channel's group alone (`f // group`), with at least 4 channels a group: a vector of
+    channels within one group reads one data element (0 where the data does not use the channel)."""
     stmt = sch.get(block)
     iters = [iter_var.var for iter_var in stmt.iter_vars if iter_var.iter_type == 0]
     reads = [read for read in stmt.reads if not read.source.same_as(stmt.writes[0].source)]
@@ -156,17 +158,36 @@ def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, tvm.tirx.Buffer, int] |
     for channel in range(len(iters) - 1, -1, -1):
         users = [[dim for dim, axis in enumerate(read.region)
                   if _uses(axis.min, iters[channel])] for read in reads]
-        if sorted(map(len, users)) == [0, 1]:
-            weight, data = (reads[0], reads[1]) if users[0] else (reads[1], reads[0])
-            dim = (users[0] or users[1])[0]
+        if sorted(map(len, users)) not in ([0, 1], [1, 1]):
+            continue
+        for weight, data, dims in ((reads[0], reads[1], users[0]), (reads[1], reads[0], users[1])):
+            groups = {_group_of(axis.min, iters[channel]) for axis in data.region}
+            group = max(groups) if None not in groups and len(groups - {0}) <= 1 else None
+            if len(dims) != 1 or group is None or 0 < group < 4 or group % 4:
+                continue
+            dim = dims[0]
             others = [axis for other, axis in enumerate(iters) if other != channel]
             batch = [axis for axis in others if any(_uses(region.min, axis) for region in data.region)]
             alone = not any(_uses(region.min, other) and not any(other.same_as(axis) for axis in batch)
                             for region in weight.region for other in others)
             tiled = others and any(_uses(region.min, others[-1]) for region in weight.region)  # in registers
             if others and alone and not tiled and weight.region[dim].min.same_as(iters[channel]):
-                return channel, weight.source, dim
+                return channel, weight.source, dim, group
     return None
+
+
+def _group_of(expr, var) -> int | None:
+    """c where every use of `var` in `expr` is `var // c` (c constant); 0 where `expr` does not use `var`;
+    None where it uses it otherwise."""
+    if isinstance(expr, tvm.tirx.FloorDiv) and expr.a.same_as(var) and isinstance(expr.b, tvm.tirx.IntImm):
+        return int(expr.b.value)
+    if not _uses(expr, var):
+        return 0
+    children = [getattr(expr, name) for name in ("a", "b") if hasattr(expr, name)]
+    if not children:
+        return None
+    groups = {_group_of(child, var) for child in children} - {0}
+    return groups.pop() if len(groups) == 1 and None not in groups else None
 
 
 def _uses(expr, var) -> bool:
