@@ -21,9 +21,9 @@ against PyTorch's fp32 output, within --tolerance (fp32) or --fp16-tolerance.
 from __future__ import annotations
 
 import datetime
-import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ from experiments.common import (
     argument_parser,
     command,
     event_median_ms,
+    host_median_ms,
     median_ms,
     now,
     relative_diff,
@@ -151,7 +152,7 @@ def _pytorch(row: dict, proto, module, x: np.ndarray, args, precision: str) -> n
     device = "cuda" if cuda else "cpu"
     module = (module or OnnxModule(proto)).to(device).eval()
     example = torch.from_numpy(x).to(device)
-    timer = event_median_ms if cuda else _host_median_ms
+    timer = event_median_ms if cuda else partial(host_median_ms, warmup=3)
     row["pytorch"] = torch.__version__
     with torch.no_grad():
         expected = module(example).cpu().numpy()
@@ -208,17 +209,6 @@ def _relax_vm_ms(proto, args, precision: str) -> float:
     x = tvm.runtime.tensor(np.zeros([item.shape for item in inputs][0], "float32"), device)
     timer = machine.time_evaluator("main", device, number=10, repeat=args.repeat)
     return round(timer(x).median * 1e3, 4)
-
-
-def _host_median_ms(run, repeat: int) -> float:
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    return round(statistics.median(times), 4)
 
 
 def markdown(rows: list[dict]) -> str:

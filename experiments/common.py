@@ -113,6 +113,19 @@ def now() -> str:
     return datetime.datetime.now().isoformat(timespec="minutes")
 
 
+def host_median_ms(run, repeat: int, warmup: int) -> float:
+    """Median of wall-clock times of `run()` (a call that returns when its work is done), after `warmup`
+    runs."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return round(statistics.median(times), 4)
+
+
 def event_median_ms(run, repeat: int) -> float:
     """Median of CUDA-event times around `run()` (PyTorch), after 20 warm-up runs."""
     import torch

@@ -10,9 +10,7 @@ Rows accumulate in --out under --label (run it on two code states to compare the
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 import tvmsched
-from experiments.common import argument_parser, command, now
+from experiments.common import argument_parser, command, host_median_ms, now
 
 SHAPES = {"scores (q @ k^T)": ([1, 12, 197, 64], [1, 12, 64, 197]),
           "context (p @ v)": ([1, 12, 197, 197], [1, 12, 197, 64]),
@@ -29,16 +27,6 @@ SHAPES = {"scores (q @ k^T)": ([1, 12, 197, 64], [1, 12, 64, 197]),
 GELU = [helper.make_node("Add", ["y0", "bias"], ["z"]), helper.make_node("Div", ["z", "sqrt2"], ["d"]),
         helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["f"]),
         helper.make_node("Mul", ["z", "f"], ["g"]), helper.make_node("Mul", ["g", "half"], ["y"])]
-
-
-def _median_ms(run, repeat: int) -> float:
-    run()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(1e3 * (time.perf_counter() - start))
-    return round(statistics.median(times), 3)
 
 
 def measure(name: str, a_shape: list[int], b_shape: list[int], repeat: int) -> dict:
@@ -59,8 +47,8 @@ def measure(name: str, a_shape: list[int], b_shape: list[int], repeat: int) -> d
     expected = session.run(None, feed)[0]
     got = compiled.run(feed)[0]
     return {"matmul": name, "a": a_shape, "b": b_shape, "fallbacks": len(compiled.meta.fallbacks),
-            "tvmsched_ms": _median_ms(lambda: compiled.run(feed), repeat),
-            "onnxruntime_ms": _median_ms(lambda: session.run(None, feed), repeat),
+            "tvmsched_ms": host_median_ms(lambda: compiled.run(feed), repeat, warmup=1),
+            "onnxruntime_ms": host_median_ms(lambda: session.run(None, feed), repeat, warmup=1),
             "max_abs_diff": float(np.abs(got - expected).max())}
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import onnxruntime
 import tvm
 
 import tvmsched
-from experiments.common import ResultFile, argument_parser, command, now, relative_diff
+from experiments.common import ResultFile, argument_parser, command, host_median_ms, now, relative_diff
 from tvmsched import zoo
 from tvmsched.target import device_name, resolve_target
 
@@ -34,13 +33,14 @@ def measure(name: str, args, earlier: dict) -> dict:
     inputs = model.random_inputs()
     with model:
         first_ms, outputs = _timed(lambda: model.run(inputs))
-        latency = _median_ms(lambda: model.run(inputs), args.repeat)
+        latency = host_median_ms(lambda: model.run(inputs), args.repeat, warmup=2)
     session = onnxruntime.InferenceSession(proto.SerializeToString())
     expected = session.run(None, inputs)
     label = args.label
     row = {**earlier, "model": name, "batch": args.batch, f"{label}_measured": now(),
            f"{label}_compile_s": round(compile_s, 2), f"{label}_first_ms": round(first_ms, 3),
-           f"{label}_ms": latency, "onnxruntime_ms": _median_ms(lambda: session.run(None, inputs), 50),
+           f"{label}_ms": latency,
+           "onnxruntime_ms": host_median_ms(lambda: session.run(None, inputs), 50, warmup=2),
            f"{label}_max_rel_diff": max(map(relative_diff, outputs, expected))}
     row[f"{label}_vs_onnxruntime"] = round(row[f"{label}_ms"] / row["onnxruntime_ms"], 2)
     print(f"  {name:13s} {label} {latency:9.3f} ms (first {first_ms:9.3f} ms, compile {compile_s:5.1f} s)  "
@@ -52,13 +52,6 @@ def _timed(run) -> tuple[float, object]:
     start = time.perf_counter()
     result = run()
     return (time.perf_counter() - start) * 1e3, result
-
-
-def _median_ms(run, repeat: int) -> float:
-    """Median of `repeat` wall-clock times of `run()` after two warm-up runs."""
-    for _ in range(2):
-        run()
-    return round(statistics.median(_timed(run)[0] for _ in range(repeat)), 3)
 
 
 def table(rows: list[dict]) -> str:

@@ -77,7 +77,7 @@ def build_case(path: Path, target: str, build_dir: Path) -> dict:
     model.save(build_dir)
     row = {"status": "built", "kernels": len(model.graph.kernels), "fallbacks": len(model.meta.fallbacks),
            "tuned_kernels": len(model.meta.tuned_kernels), "compile_s": round(time.perf_counter() - start, 1)}
-    (build_dir / "row.json").write_text(json.dumps({**row, "export": _export_stamp(path)}))
+    (build_dir / "row.json").write_text(json.dumps({**row, "export": _build_stamp(path)}))
     return row
 
 
@@ -88,10 +88,10 @@ def reused_build(path: Path, build_dir: Path) -> dict | None:
     if not saved.is_file():
         return None
     row = json.loads(saved.read_text())
-    return row if row.pop("export", None) == _export_stamp(path) else None
+    return row if row.pop("export", None) == _build_stamp(path) else None
 
 
-def _export_stamp(path: Path) -> list:
+def _build_stamp(path: Path) -> list:
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns, _code_digest()]
 

@@ -61,9 +61,9 @@ class Tracker:
             time.sleep(1)
 
     def _start(self, argv: list[str], env, name: str) -> None:
-        log = (self.work / f"{name}.log").open("w")
-        self.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+        with (self.work / f"{name}.log").open("w") as log:  # the process writes to its own copy
+            self.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                   start_new_session=True))
 
     def __exit__(self, *exc) -> None:
         """Stops the tracker and the servers with the processes they started (a server listens in a child)."""
@@ -105,7 +105,8 @@ def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, with the next 40 (the servers') unused by this experiment."""
+    """A TCP port free on 127.0.0.1 now, for the tracker (each server takes the first free port of ten
+    after it)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

@@ -106,12 +106,7 @@ def parallel(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Sc
     blocks = sch.get_child_blocks(get_root_block(sch))
     _inline_producers(sch, blocks[:-1], padding=False)
     for block in sch.get_child_blocks(get_root_block(sch)):
-        if not all(_same_shape(sch, producer, block) for producer in sch.get_producers(block)):
-            continue  # a broadcast (see `_reverse_inline_consumers`)
-        try:
-            sch.reverse_compute_inline(block)
-        except s_tir.ScheduleError:
-            pass
+        _reverse_inlined(sch, block)
     for block in sch.get_child_blocks(get_root_block(sch)):
         _parallel_vectorize(sch, block, target)
     return sch
@@ -163,7 +158,7 @@ def _gemm_axes(sch: s_tir.Schedule, block) -> tuple[int, tvm.tirx.Buffer, int, i
         for weight, data, dims in ((reads[0], reads[1], users[0]), (reads[1], reads[0], users[1])):
             groups = {_group_of(axis.min, iters[channel]) for axis in data.region}
             group = max(groups) if None not in groups and len(groups - {0}) <= 1 else None
-            if len(dims) != 1 or group is None or 0 < group < 4 or group % 4:
+            if len(dims) != 1 or group is None or group % 4:  # 0: the data does not use the channel
                 continue
             dim = dims[0]
             others = [axis for other, axis in enumerate(iters) if other != channel]
@@ -215,14 +210,22 @@ def _inline_producers(sch: s_tir.Schedule, blocks, padding: bool = True) -> bool
 def _reverse_inline_consumers(sch: s_tir.Schedule, block) -> None:
     """Inline the element-wise chain that consumes `block` into it (the epilogue of a GEMM), as far as it
     goes: while `block` has one consumer (TVM inlines the first of two, e.g. GELU's x * erf(x / sqrt 2),
-    into a kernel that reads the output the block no longer writes) of the same shape."""
-    while len(consumers := sch.get_consumers(block)) == 1:
-        if not _same_shape(sch, consumers[0], block):  # a broadcast, e.g. a squeeze-excitation gate
-            return  # (TVM failed on it: "Cannot dispatch a null expression")
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except s_tir.ScheduleError:
-            return
+    into a kernel that reads the output the block no longer writes)."""
+    while len(consumers := sch.get_consumers(block)) == 1 and _reverse_inlined(sch, consumers[0]):
+        pass
+
+
+def _reverse_inlined(sch: s_tir.Schedule, block) -> bool:
+    """Inline `block` into its producer where TVM can, and not where it writes another shape than a
+    producer (a broadcast, e.g. a squeeze-excitation gate times its feature map: TVM failed on those with
+    "Cannot dispatch a null expression"); whether it was inlined."""
+    if not all(_same_shape(sch, producer, block) for producer in sch.get_producers(block)):
+        return False
+    try:
+        sch.reverse_compute_inline(block)
+    except s_tir.ScheduleError:
+        return False
+    return True
 
 
 def _same_shape(sch: s_tir.Schedule, block, other) -> bool:
