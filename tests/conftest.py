@@ -105,3 +105,30 @@ def two_io_model() -> onnx.ModelProto:
              helper.make_node("Identity", ["y"], ["y_copy"])]
     return make_model(nodes, [tensor("x", [2, 4]), tensor("y", [2, 6])],
                       [tensor("out", [2, 6]), tensor("y_copy", [2, 6])], weights)
+
+
+RPC_KEY = "tvmsched-test"
+
+
+@pytest.fixture(scope="session")
+def rpc_tracker():
+    """A TVM RPC tracker on 127.0.0.1 with two servers registered under RPC_KEY (its TrackerAddress)."""
+    import time
+
+    from tvm import rpc
+    from tvm.rpc.tracker import Tracker
+
+    from tvmsched.tuning.rpc import TrackerAddress, registered_servers
+
+    tracker = Tracker(host="127.0.0.1", port=9490, port_end=9590, silent=True)
+    servers = [rpc.Server(host="127.0.0.1", port=9600, port_end=9700, key=RPC_KEY,
+                          tracker_addr=("127.0.0.1", tracker.port), silent=True) for _ in range(2)]
+    address = TrackerAddress("127.0.0.1", tracker.port, RPC_KEY)
+    for _ in range(50):
+        if registered_servers(address) == 2:
+            break
+        time.sleep(0.1)
+    yield address
+    for server in servers:
+        server.terminate()
+    tracker.terminate()

@@ -404,6 +404,12 @@ class _FailingRunner:
             error = "Traceback ...\nCUDA Runtime Error: initialization error\n"
             return tvm.s_tir.meta_schedule.runner.RunnerResult(None, error)
 
+    class _Pool:  # MetaSchedule's runners measure in a worker pool, which `tune` shuts down
+        def shutdown(self):
+            pass
+
+    pool = _Pool()
+
     def run(self, inputs):
         return [self._Future() for _ in inputs]
 
@@ -418,24 +424,18 @@ def test_a_run_whose_defaults_all_fail_to_run_stops_with_the_devices_error(tmp_p
         tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=2, **FAST))
 
 
-def test_tune_measures_through_an_rpc_tracker(tmp_path, branchy_model):
-    """--rpc: candidates run on a server registered with a tracker (both local here, on llvm)."""
+def test_tune_measures_through_an_rpc_tracker(tmp_path, branchy_model, rpc_tracker):
+    """--rpc: candidates run on the servers registered with a tracker (all local here, on llvm)."""
     from tvm import rpc
-    from tvm.rpc.tracker import Tracker
 
-    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
-    server = rpc.Server(host="127.0.0.1", port=9300, port_end=9400, key="tvmsched-test",
-                        tracker_addr=("127.0.0.1", tracker.port), silent=True)
-    try:
-        log = TuningLog.for_target(LLVM, tmp_path)
-        options = TuneOptions(trials=2, rpc=f"127.0.0.1:{tracker.port}:tvmsched-test", **FAST)
-        result = tune(lowered(branchy_model), LLVM, log, options)
-    finally:
-        server.terminate()
-        tracker.terminate()
+    log = TuningLog.for_target(LLVM, tmp_path)
+    result = tune(lowered(branchy_model), LLVM, log, TuneOptions(trials=2, rpc=str(rpc_tracker), **FAST))
     assert result.trials > 0 and result.failed_runs == 0 and result.failed_builds == 0
     assert all(task.best_ms is not None for task in result.tasks)
     assert len(lines(log.records_path)) == result.trials
+    # the run let go of the servers: another tuner need not wait for their sessions' timeout
+    queue = rpc.connect_tracker(rpc_tracker.host, rpc_tracker.port).summary()["queue_info"][rpc_tracker.key]
+    assert queue["free"] == 2
 
 
 def test_log_is_packed_and_a_killed_runs_leftovers_are_used_then_packed(tuned_log, tmp_path, branchy_model):

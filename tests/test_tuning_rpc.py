@@ -1,46 +1,25 @@
 """--rpc: the tracker check and the sessions each runner worker keeps (on llvm, with a tracker and servers
 on 127.0.0.1)."""
 
-import time
-
 import numpy as np
 import pytest
 import tvm
-from tvm import rpc, te
-from tvm.rpc.tracker import Tracker
+from conftest import RPC_KEY
+from tvm import te
 from tvm.s_tir import meta_schedule as ms
 
 from tvmsched.errors import TvmschedError
 from tvmsched.tuning.rpc import LAST_CANDIDATE_S, KeptSession, TrackerAddress, registered_servers
 
-KEY = "tvmsched-test"
 
-
-@pytest.fixture(scope="module")
-def tracker():
-    """A tracker with two servers registered under KEY."""
-    tracker = Tracker(host="127.0.0.1", port=9490, port_end=9590, silent=True)
-    servers = [rpc.Server(host="127.0.0.1", port=9600, port_end=9700, key=KEY,
-                          tracker_addr=("127.0.0.1", tracker.port), silent=True) for _ in range(2)]
-    address = TrackerAddress("127.0.0.1", tracker.port, KEY)
-    for _ in range(50):
-        if registered_servers(address) == 2:
-            break
-        time.sleep(0.1)
-    yield address
-    for server in servers:
-        server.terminate()
-    tracker.terminate()
-
-
-def test_tracker_counts_the_servers_under_its_key_and_names_the_fix_when_there_are_none(tracker):
-    assert registered_servers(tracker) == 2
-    with pytest.raises(TvmschedError, match=f"no server registered under key 'gpu' \\(keys: {KEY}\\); "
+def test_tracker_counts_the_servers_under_its_key_and_names_the_fix_when_there_are_none(rpc_tracker):
+    assert registered_servers(rpc_tracker) == 2
+    with pytest.raises(TvmschedError, match=f"no server registered under key 'gpu' \\(keys: {RPC_KEY}\\); "
                                             f"start one per device with `python -m tvm.exec.rpc_server"):
-        registered_servers(TrackerAddress(tracker.host, tracker.port, "gpu"))
+        registered_servers(TrackerAddress(rpc_tracker.host, rpc_tracker.port, "gpu"))
     with pytest.raises(TvmschedError, match="no TVM RPC tracker answers at 127.0.0.1:1 .*python -m "
                                             "tvm.exec.rpc_tracker"):
-        registered_servers(TrackerAddress("127.0.0.1", 1, KEY))
+        registered_servers(TrackerAddress("127.0.0.1", 1, RPC_KEY))
     with pytest.raises(TvmschedError, match="write HOST:PORT:KEY"):
         TrackerAddress.parse("127.0.0.1:9190")
 
@@ -55,9 +34,9 @@ def _artifact(directory, scale: float) -> str:
     return path
 
 
-def test_a_kept_session_runs_each_candidate_uploaded_not_the_first_of_that_name(tracker, tmp_path):
-    config = ms.runner.RPCConfig(tracker_host=tracker.host, tracker_port=tracker.port, tracker_key=KEY,
-                                 session_timeout_sec=120)
+def test_a_kept_session_runs_each_candidate_uploaded_not_the_first_of_that_name(rpc_tracker, tmp_path):
+    config = ms.runner.RPCConfig(tracker_host=rpc_tracker.host, tracker_port=rpc_tracker.port,
+                                 tracker_key=RPC_KEY, session_timeout_sec=120)
     kept = KeptSession()
     x = np.arange(8, dtype="float32")
     sessions = []

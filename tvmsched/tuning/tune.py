@@ -200,7 +200,8 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
         start = time.perf_counter()
         control = RunControl(result, options.time_budget_s)
         concurrent = min(options.kernels_at_once(spec), len(todo))
-        builder, runner = PooledBuilder(options.workers, options.build_timeout_s), _runner(options)
+        runner = _runner(options)
+        builder = PooledBuilder(options.workers, options.build_timeout_s)
 
         def checkpoint() -> None:
             """Write what the run measured so far into the manifest, so a killed run loses none of it."""
@@ -233,6 +234,7 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
             result.seconds = time.perf_counter() - start
             checkpoint()
             builder.shutdown()
+            runner.pool.shutdown()  # its workers hold RPC sessions, and so the servers, until they exit
         if control.interrupted:
             raise KeyboardInterrupt
     return result
