@@ -2,7 +2,7 @@
 
 MetaSchedule's RPC runner opens a session per candidate, and an RPC server starts a process per session:
 on a GPU, a new process and a new CUDA context for every candidate (on the H100 host the server must spawn
-them, `--no-fork`: a forked one failed to initialize CUDA; a spawned one took 9.5 s to start). Here each
+them, `--no-fork`: a forked one failed to initialize CUDA; a spawned one took 7-10 s to start). Here each
 runner worker keeps its session, and with it the server's process and CUDA context, until a minute before
 the session timeout, and opens a new one after a candidate failed (a faulting kernel can leave the context
 unusable). The runner has one worker per server registered when tuning starts, so N GPUs behind the tracker
