@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import re
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from tvmsched.errors import TargetError
 # Builds for "cuda" on a machine without a GPU cross-compile for the device tvmsched is tuned on.
 DEFAULT_CUDA_TAG = "nvidia/nvidia-h100"
 TARGET_NAMES = ("auto", "cuda", "llvm")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,15 +87,29 @@ def _cuda_spec(tag: str) -> TargetSpec:
 
 
 def _local_cuda_tag() -> str | None:
-    """The TVM tag of the local GPU ('NVIDIA H100 80GB HBM3' → nvidia/nvidia-h100), if any."""
+    """The TVM tag of the local GPU: by name ('NVIDIA H100 80GB HBM3' → nvidia/nvidia-h100), else the first
+    tag of the same architecture (an H200, which TVM 0.27 has no tag for, compiles as the H100: same SM,
+    same limits per block, so its tuning logs apply too). None without a GPU."""
     device = tvm.cuda(0)
     if not device.exist:
         return None
     words = re.findall(r"[a-z0-9]+", device.device_name.lower())
-    tags = set(tvm.target.list_tags())
+    tags = sorted(tag for tag in tvm.target.list_tags() if tag.startswith("nvidia/"))
     for length in range(len(words), 0, -1):
         tag = "nvidia/" + "-".join(words[:length])
         if tag in tags:
             return tag
-    raise TargetError(f"no TVM target tag matches the GPU '{device.device_name}'; pass --target "
-                      f"nvidia/<model> with one of tvm.target.list_tags()")
+    arch = device.compute_version.replace(".", "")
+    same_arch = [tag for tag in tags if _tag_arch(tag) == arch]
+    if not same_arch:
+        raise TargetError(f"no TVM target tag matches the GPU '{device.device_name}' (compute capability "
+                          f"{device.compute_version}); pass --target nvidia/<model> with one of "
+                          f"tvm.target.list_tags()")
+    logger.info("GPU '%s' has no TVM tag; compiling for %s, the same architecture (sm_%s)",
+                device.device_name, same_arch[0], arch)
+    return same_arch[0]
+
+
+def _tag_arch(tag: str) -> str:
+    """The compute capability digits of a tag's arch ('sm_90a' → '90')."""
+    return re.sub(r"\D", "", str(tvm.target.Target(tag).attrs.get("arch", "")))
