@@ -13,6 +13,7 @@ from tvmsched.codegen import _check_no_pooled_workspace, default_schedules, hois
 from tvmsched.errors import GraphError
 from tvmsched.lower import kernel_module, lower
 from tvmsched.target import resolve_target
+from tvmsched.windows import is_window_kernel
 
 
 def test_default_schedules_leave_the_given_kernels_unscheduled(branchy_model):
@@ -138,7 +139,9 @@ def test_a_schedule_that_does_not_compile_falls_back_to_the_next_rule(monkeypatc
     kernels = kernel_module(lower(frontend.to_relax(branchy_model, inputs)))
     _failing_compile(monkeypatch, ("Broken", "Fallback"))
     library = codegen.build_library(kernels, resolve_target("nvidia/nvidia-h100"))
-    assert set(library.fallbacks) == {global_var.name_hint for global_var in kernels.functions}
+    broken = {global_var.name_hint for global_var, function in kernels.functions.items()
+              if not is_window_kernel(function)}  # a window kernel (the max pool) tries Fallback first
+    assert set(library.fallbacks) == broken and len(broken) < len(kernels.functions)
     assert all(why == "Broken did not compile (InternalError: a broken schedule); runs the Fallback schedule"
                for why in library.fallbacks.values())
 

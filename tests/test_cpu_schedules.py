@@ -87,6 +87,16 @@ def _grouped_conv_model():
                       {"w": _weights(32, 8, 3, 3), "b": _weights(32)}, opset=17)
 
 
+def _pool_model():
+    """Inception's average pool (padded, the padding not counted), then a 5x5 depthwise convolution and a
+    global average pool."""
+    nodes = [helper.make_node("AveragePool", ["x"], ["avg"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["avg", "dw"], ["depthwise"], group=6, pads=[2, 2, 2, 2]),
+             helper.make_node("GlobalAveragePool", ["depthwise"], ["out"])]
+    return make_model(nodes, [tensor("x", [1, 6, 11, 11])], [tensor("out", [1, 6, 1, 1])],
+                      {"dw": _weights(6, 1, 5, 5)}, opset=17)
+
+
 def _first_rules(model) -> dict[str, str]:
     """The rule of each kernel's first schedule candidate on the CPU, by the kernel's operators."""
     inputs = frontend.bind_input_shapes(model, 1)
@@ -97,7 +107,7 @@ def _first_rules(model) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("model", [_conv_model, _matmul_softmax_model, _attention_model, _gelu_model,
-                                   _squeeze_excitation_model, _grouped_conv_model])
+                                   _squeeze_excitation_model, _grouped_conv_model, _pool_model])
 def test_scheduled_models_match_onnxruntime(model):
     model = model()
     inputs = {"x": RNG.standard_normal([dim.dim_value for dim in
@@ -108,20 +118,22 @@ def test_scheduled_models_match_onnxruntime(model):
 
 
 def test_each_kernel_kind_gets_its_rule():
-    """Convolutions and matrix products by `gemm`; softmax, means and the grouped convolution with its
-    reducing epilogue by dlight's Reduction; the pool by `parallel`."""
+    """Convolutions and matrix products by `gemm`; pools, means over at most 64 elements and depthwise
+    convolutions (with their epilogues) by `window`; softmax and a mean over 11 x 11 by dlight's
+    Reduction."""
     rules = _first_rules(_conv_model()) | _first_rules(_matmul_softmax_model())
-    assert rules == {"fused_conv2d_add_relu": "gemm", "max_pool2d": "parallel", "mean": "Reduction",
-                     "fused_conv2d1_tir_sigmoid_multiply": "Reduction", "fused_matmul_add": "gemm",
+    assert rules == {"fused_conv2d_add_relu": "gemm", "max_pool2d": "window", "mean": "window",
+                     "fused_conv2d1_tir_sigmoid_multiply": "window", "fused_matmul_add": "gemm",
                      "softmax": "Reduction"}
+    assert _first_rules(_pool_model()) == {"avg_pool2d": "window", "conv2d": "window", "mean": "Reduction"}
 
 
 def test_grouped_convolutions_get_the_gemm_rule_and_depthwise_ones_do_not():
     """A vector of channels within one group reads one data element: 224 channels in 28 groups of 8 on
     28 x 28 took 29.2 ms under dlight's Reduction, 0.85 ms with `gemm`, here. A depthwise convolution (one
-    channel a group) would get one-lane vectors: it keeps the next rule."""
+    channel a group) would get one-lane vectors: it gets the `window` rule."""
     assert _first_rules(_grouped_conv_model()) == {"fused_conv2d_add_relu": "gemm"}
-    assert _first_rules(_conv_model())["fused_conv2d1_tir_sigmoid_multiply"] == "Reduction"
+    assert _first_rules(_conv_model())["fused_conv2d1_tir_sigmoid_multiply"] == "window"
 
 
 def test_matmuls_of_two_activations_get_the_gemm_rule():
@@ -205,3 +217,17 @@ def test_a_channel_count_vectorizes_by_a_power_of_two():
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
     script = cpu_schedules.gemm(function, target).mod["main"].script()
     assert set(re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", script)) == {"8"}
+
+
+def test_window_kernels_take_a_thread_per_output_first_on_the_gpu():
+    """Pools and depthwise convolutions get dlight's Fallback before its reduction rules, which gave each
+    output a block of 256 threads; a mean over 121 elements, a small matmul and a softmax keep them."""
+    pools = {"avg_pool2d": "Fallback", "conv2d": "Fallback", "mean": "Reduction"}
+    for model, expected in ((_pool_model, pools),
+                            (_matmul_softmax_model, {"fused_matmul_add": "Reduction",
+                                                     "softmax": "GeneralReduction"})):
+        inputs = frontend.bind_input_shapes(model(), 1)
+        kernels = kernel_module(lower(frontend.to_relax(model(), inputs)))
+        spec = resolve_target("nvidia/nvidia-h100")
+        assert {global_var.name_hint: next(schedule_candidates(function, spec, []))[0]
+                for global_var, function in kernels.functions.items()} == expected

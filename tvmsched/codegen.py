@@ -25,6 +25,7 @@ from tvm.s_tir import dlight
 from tvmsched import cpu_schedules
 from tvmsched.errors import GraphError
 from tvmsched.target import TargetSpec
+from tvmsched.windows import is_window_kernel
 
 GPU_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")  # dlight's, in the order tried
 KERNELS_PER_PART = 8  # fewer kernels than this per part compile in fewer parts: a thread costs more
@@ -32,10 +33,10 @@ KERNELS_PER_PART = 8  # fewer kernels than this per part compile in fewer parts:
 
 def schedule_candidates(function: tvm.tirx.PrimFunc, spec: TargetSpec, notes: list[str]):
     """The schedules a kernel may compile with, best first, as (rule, scheduled function): each rule that
-    applies, dlight's GPU_RULES on a GPU, `cpu_schedules.RULES` on the CPU and then the kernel as it is
+    applies, dlight's on a GPU (`gpu_rules`), `cpu_schedules.RULES` on the CPU and then the kernel as it is
     (which always compiles). A rule that raises is noted in `notes` and skipped."""
     target = spec.tvm_target
-    rules = ({rule: getattr(dlight.gpu, rule)() for rule in GPU_RULES} if spec.kind == "cuda"
+    rules = ({rule: getattr(dlight.gpu, rule)() for rule in gpu_rules(function)} if spec.kind == "cuda"
              else cpu_schedules.RULES)
     for rule, schedule_rule in rules.items():
         try:
@@ -49,6 +50,16 @@ def schedule_candidates(function: tvm.tirx.PrimFunc, spec: TargetSpec, notes: li
             yield rule, schedule.mod["main"].with_attr("tirx.is_scheduled", True)
     if spec.kind != "cuda":
         yield "unscheduled", function
+
+
+def gpu_rules(function: tvm.tirx.PrimFunc) -> tuple[str, ...]:
+    """dlight's rules in the order tried on `function`: a window kernel (`windows`: a pool, a depthwise
+    convolution) gets Fallback's thread per output first. dlight's GeneralReduction, which took them
+    before, gives each output a block of 256 threads for its 9 to 64 elements (a depthwise 3x3
+    convolution of 16x96x112x112: 19.3 million blocks)."""
+    if not is_window_kernel(function):
+        return GPU_RULES
+    return ("Fallback", *(rule for rule in GPU_RULES if rule != "Fallback"))
 
 
 def default_schedules(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.IRModule:

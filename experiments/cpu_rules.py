@@ -1,0 +1,106 @@
+"""A/B of one default CPU schedule rule: each model built for llvm without tuning records twice, with every
+rule of `cpu_schedules.RULES` and with one left out (its kernels then take the next rule that applies),
+and both builds timed alternately with onnxruntime over several rounds in one process: this machine's
+load changes within minutes, and alternating keeps the three comparable. Every output is checked against
+onnxruntime's. Prints a table and writes JSON.
+
+    python -m experiments.cpu_rules --without window --out experiments/results/cpu_window_2026-11-25.json
+    python -m experiments.cpu_rules --without window --models inception_v3 /tmp/b0.onnx --out /tmp/w.json
+
+A model is a zoo name (built at --batch) or an ONNX file (its own shapes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from contextlib import ExitStack
+from functools import partial
+from pathlib import Path
+
+import onnx
+import onnxruntime
+import tvm
+
+import tvmsched
+from experiments.common import ResultFile, argument_parser, command, host_median_ms, now, relative_diff
+from tvmsched import cpu_schedules, zoo
+from tvmsched.target import device_name, resolve_target
+
+
+def build(proto: onnx.ModelProto, without: str | None) -> tvmsched.CompiledModel:
+    """An untuned llvm build, with rule `without` left out of the CPU rules (None: every rule)."""
+    rules = dict(cpu_schedules.RULES)
+    try:
+        if without:
+            del cpu_schedules.RULES[without]
+        return tvmsched.compile(proto, target="llvm", tuned=False)
+    finally:
+        cpu_schedules.RULES.clear()
+        cpu_schedules.RULES.update(rules)
+
+
+def measure(name: str, args) -> dict:
+    proto = onnx.load(name) if name.endswith(".onnx") else zoo.build(name, batch=args.batch)
+    builds = {"with": build(proto, None), "without": build(proto, args.without)}
+    inputs = builds["with"].random_inputs()
+    session = onnxruntime.InferenceSession(proto.SerializeToString())
+    expected = session.run(None, inputs)
+    runs = {"onnxruntime": partial(session.run, None, inputs)}
+    row = {"model": name, "measured": now(), "rounds": args.rounds,
+           "kernels": len(builds["with"].graph.kernels)}
+    times = {label: [] for label in ("onnxruntime", *builds)}
+    with ExitStack() as stack:
+        for label, model in builds.items():
+            runs[label] = partial(stack.enter_context(model).run, inputs)
+            row[f"{label}_max_rel_diff"] = max(map(relative_diff, runs[label](), expected))
+            row[f"{label}_fallbacks"] = len(model.meta.fallbacks)
+        for _ in range(args.rounds):
+            for label, run in runs.items():
+                times[label].append(host_median_ms(run, args.repeat, warmup=1))
+    for label, values in times.items():
+        row[f"{label}_ms"] = round(statistics.median(values), 3)
+        row[f"{label}_rounds_ms"] = values
+    row["without_over_with"] = round(row["without_ms"] / row["with_ms"], 3)
+    row["with_vs_onnxruntime"] = round(row["with_ms"] / row["onnxruntime_ms"], 3)
+    row["without_vs_onnxruntime"] = round(row["without_ms"] / row["onnxruntime_ms"], 3)
+    print(f"  {Path(name).stem:22s} with {row['with_ms']:9.3f} ms  without {row['without_ms']:9.3f} ms  "
+          f"onnxruntime {row['onnxruntime_ms']:8.3f} ms", flush=True)
+    return row
+
+
+def table(rows: list[dict], without: str) -> str:
+    lines = [f"| model | every rule ms (x onnxruntime) | without {without} ms (x onnxruntime) | "
+             f"onnxruntime ms |", "|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {Path(row['model']).stem} | {row['with_ms']:.2f} ({row['with_vs_onnxruntime']:.2f}x)"
+                     f" | {row['without_ms']:.2f} ({row['without_vs_onnxruntime']:.2f}x) | "
+                     f"{row['onnxruntime_ms']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argument_parser(__doc__)
+    parser.add_argument("--without", required=True, choices=list(cpu_schedules.RULES))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--models", nargs="+", default=zoo.list_models(), help="zoo names or .onnx files")
+    parser.add_argument("--batch", type=int, default=1, help="zoo models' batch")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5, help="runs per round (their median is the round's)")
+    args = parser.parse_args()
+    results = ResultFile.load(Path(args.out), "model")
+    results.commands.append(command("experiments.cpu_rules"))
+    header = {"experiment": f"CPU default schedules with and without the '{args.without}' rule, untuned",
+              "device": device_name(resolve_target("llvm")), "tvm": tvm.__version__,
+              "onnxruntime": onnxruntime.__version__,
+              "timing": "per round the median of --repeat runs of each build and of onnxruntime (default "
+                        "threads), alternating; the median over the rounds"}
+    for name in results.todo(args.models, again=True):
+        results.put(measure(name, args))
+        results.write(header)
+    print(table(results.rows, args.without))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
