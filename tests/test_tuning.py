@@ -15,6 +15,7 @@ import psutil
 import pytest
 import tvm
 from conftest import assert_matches, onnxruntime_outputs
+from tvm.s_tir import meta_schedule as ms
 
 import tvmsched
 from tvmsched import frontend
@@ -539,7 +540,7 @@ def test_a_kernel_whose_search_finds_no_candidate_is_searched_again_patiently(tm
     tasks = [_anonymous(task) for task in ms.relax_integration.extract_tasks(lowered(model).module, target)]
     options = TuneOptions(trials=4, population=16, generations=1, workers=1, cost_model="random")
     _quiet_metaschedule_console()  # as `tune` does first: MetaSchedule's logging trips on other handlers
-    tuning = _kernel_tuning(tasks, options, 1, str(tmp_path), None, None, None, None)
+    tuning = _kernel_tuning(tasks, options, 1, str(tmp_path), None, None, None, None, lambda: False)
     context = tuning.patient_context(0)  # its logging set up again beside the first contexts'
     context.search_strategy.pre_tuning(4, 4, context.space_generator.generate_design_space(context.mod),
                                        ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
@@ -566,3 +567,23 @@ def test_only_a_kernel_whose_first_search_measured_nothing_is_searched_again(mon
     kernels._tune_kernel(0, tuning, RunControl(TuneResult(log=None, tasks=[task]), budget_s=None), print)
     assert searched == (["first", "patient"] if first_measures == 0 else ["first"])
     assert task.state == "done" and task.trials == 4 and not task.exhausted
+
+
+def test_a_search_past_the_budget_stops_at_its_next_prediction_and_builds_nothing():
+    """The evolutionary search asks the cost model once a generation: past the run's end it is told to stop
+    there, and a batch it still hands over is not built (cancelled builds are not trials)."""
+    from tvmsched.tuning.builder import CANCELLED, PooledBuilder
+    from tvmsched.tuning.kernels import SharedCostModel, Stopped
+
+    control = RunControl(TuneResult(log=None, tasks=[]), budget_s=0)
+    model = SharedCostModel(ms.CostModel.create("random"), control.over)
+    with pytest.raises(Stopped):
+        model._inst.predict(None, [])  # as MetaSchedule's search calls it back
+    assert control.result.stopped_by_budget
+    builder = PooledBuilder(1, 10.0)
+    try:
+        builder.stop_when(control.over)
+        results = builder.build([ms.builder.BuilderInput(None, None)] * 2)
+        assert [result.error_msg for result in results] == [CANCELLED] * 2
+    finally:
+        builder.shutdown()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 
 from tvm.ir.utils import derived_object
@@ -40,17 +41,21 @@ CANCELLED = "build cancelled: the tuning run stopped"
 @derived_object
 class PooledBuilder(ms.builder.PyBuilder):
     """Builds candidates on `workers` processes that live for the whole tuning run; several threads may
-    build at once. `shutdown` cancels the builds still queued."""
+    build at once. After `stop_when(over)`, a batch asked for once `over()` (the run's end) is not built;
+    `shutdown` cancels the builds still queued."""
 
     def __init__(self, workers: int | None, timeout_s: float, uses: int = 128):
         super().__init__()
         self.timeout_s = timeout_s
+        self.over: Callable[[], bool] = lambda: False
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=uses,
                                       initializer=os.nice, initargs=(NICENESS,))
         self.queued: set[Future] = set()
         self.lock = threading.Lock()
 
     def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
+        if self.over():
+            return [ms.builder.BuilderResult(None, CANCELLED) for _ in build_inputs]
         futures = [self.pool.submit(build_and_export, item.mod, item.target) for item in build_inputs]
         with self.lock:
             self.queued.update(futures)
@@ -69,6 +74,9 @@ class PooledBuilder(ms.builder.PyBuilder):
             return ms.builder.BuilderResult(None, CANCELLED)
         except Exception as error:
             return ms.builder.BuilderResult(None, f"build failed:\n{error}")
+
+    def stop_when(self, over: Callable[[], bool]) -> None:
+        self.over = over
 
     def shutdown(self) -> None:
         with self.lock:

@@ -5,9 +5,9 @@ measured candidates over all runs: the manifest counts trials per workload, so r
 the last run stopped and skips kernels that have their trials. Each kernel is tuned by its own MetaSchedule
 run (`tuning.kernels`; several at once on a GPU) sharing builder, runner and database: tuned together,
 MetaSchedule measures every kernel once before it commits any record, which on the H100 took longer than a
-device session. A time budget stops at the next measured batch, and starts no kernel expected to end
-after it (`RunControl.may_start`); Ctrl-C stops after the batches being measured; in both cases every
-measured record is already in the log.
+device session. A time budget stops each kernel in flight at its next measured batch or cost-model
+prediction, and starts no kernel expected to end after it (`RunControl.may_start`); Ctrl-C stops after
+the batches being measured; in both cases every measured record is already in the log.
 """
 
 from __future__ import annotations
@@ -213,6 +213,7 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
             with control.interrupts():
                 _measure_defaults(tasks, todo, spec, target, builder, runner, control)
                 checkpoint()
+                builder.stop_when(control.over)  # the search's batches, not the defaults, end with the run
                 order = sorted(range(len(tasks)), key=lambda index: tasks[index].priority, reverse=True)
                 tasks[:], todo[:] = [tasks[index] for index in order], [todo[index] for index in order]
                 progress(result)
@@ -221,7 +222,7 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
                     shared = SharedDatabase(database)
                     try:
                         tuning = _kernel_tuning(todo, options, concurrent, work_dir, builder, runner, shared,
-                                                checkpoint)
+                                                checkpoint, control.over)
                         tune_kernels(tuning, control, concurrent, progress)
                     finally:
                         shared.close()
@@ -260,7 +261,7 @@ def _measure_defaults(tasks: list[TaskProgress], todo: list[ms.ExtractedTask], s
 
 
 def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurrent: int, work_dir: str,
-                   builder, runner, database: SharedDatabase, checkpoint) -> KernelTuning:
+                   builder, runner, database: SharedDatabase, checkpoint, over) -> KernelTuning:
     """The MetaSchedule contexts of the kernels and what their runs share; the cores are divided among the
     searches of the kernels tuned at once."""
     cores = options.workers or psutil.cpu_count(logical=False) or 1
@@ -273,7 +274,7 @@ def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurren
         return contexts_with(_strategy(options, PATIENT_SAMPLING), [todo[index]])[0][0]
 
     contexts, weights = contexts_with(_strategy(options), todo)
-    cost_model = SharedCostModel(ms.CostModel.create(options.cost_model, num_tuning_cores=cores))
+    cost_model = SharedCostModel(ms.CostModel.create(options.cost_model, num_tuning_cores=cores), over)
     return KernelTuning(contexts, weights, options.trials, work_dir, builder, runner, database, cost_model,
                         checkpoint, patient_context if options.search == "evolutionary" else None)
 
