@@ -99,15 +99,16 @@ def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
     tuning_s = tuning_seconds(console)
     row = {"gpus": gpus, "concurrent": concurrent, "measured": now(), "returncode": returncode,
            "wall_s": round(wall_s, 1), "tuning_s": tuning_s, "trials": trials,
-           "trials_per_min": round(60 * trials / tuning_s, 1) if tuning_s else None,
-           "trials_per_min_wall": round(60 * trials / wall_s, 1),
+           "trials_per_min": round(60 * trials / wall_s, 1),
+           "trials_per_min_tuning": round(60 * trials / tuning_s, 1) if tuning_s else None,
            "kernels_finished": len(finished),
            "sessions_per_gpu": [log.count("start serving") for log in logs],
            "modules_run_per_gpu": [log.count("load_module") for log in logs],
            "console_tail": console[-600:],
            "kernels": kernels}
     print(f"  {gpus} GPU(s), {concurrent} at once: {trials} trials in {tuning_s} s of tuning, {wall_s:.0f} s"
-          f" wall ({row['trials_per_min']} a minute of tuning), {len(finished)} kernels finished", flush=True)
+          f" wall ({row['trials_per_min_tuning']} a minute of tuning), {len(finished)} kernels finished",
+          flush=True)
     return row
 
 
@@ -136,9 +137,9 @@ def compare(base: dict, run: dict, trials: int) -> dict:
     common = [key for key, entry in run["kernels"].items()
               if is_finished(entry, trials) and is_finished(base["kernels"].get(key, {}), trials)]
     ratios = [run["kernels"][key]["best_ms"] / base["kernels"][key]["best_ms"] for key in common]
+    rates = [each["trials_per_min_tuning"] for each in (run, base)]
     return {"runs": f"{run['gpus']}:{run['concurrent']} vs {base['gpus']}:{base['concurrent']}",
-            "trials_per_min_ratio": round(run["trials_per_min"] / base["trials_per_min"], 3)
-            if run["trials_per_min"] and base["trials_per_min"] else None,
+            "trials_per_min_tuning_ratio": round(rates[0] / rates[1], 3) if all(rates) else None,
             "common_finished_kernels": len(common),
             "best_ms_sum": [round(sum(base["kernels"][k]["best_ms"] for k in common), 4),
                             round(sum(run["kernels"][k]["best_ms"] for k in common), 4)],

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections import Counter
 
 import numpy as np
@@ -434,9 +435,13 @@ def test_tune_measures_through_an_rpc_tracker(tmp_path, branchy_model, rpc_track
     assert result.trials > 0 and result.failed_runs == 0 and result.failed_builds == 0
     assert all(task.best_ms is not None for task in result.tasks)
     assert len(lines(log.records_path)) == result.trials
-    # the run let go of the servers: another tuner need not wait for their sessions' timeout
-    queue = rpc.connect_tracker(rpc_tracker.host, rpc_tracker.port).summary()["queue_info"][rpc_tracker.key]
-    assert queue["free"] == 2
+    # the run let go of the servers: another tuner need not wait for their sessions' timeout (300 s; a
+    # server registers again with the tracker a moment after its session ends)
+    tracker = rpc.connect_tracker(rpc_tracker.host, rpc_tracker.port)
+    deadline = time.monotonic() + 30
+    while tracker.summary()["queue_info"][rpc_tracker.key]["free"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert tracker.summary()["queue_info"][rpc_tracker.key]["free"] == 2
 
 
 def test_log_is_packed_and_a_killed_runs_leftovers_are_used_then_packed(tuned_log, tmp_path, branchy_model):

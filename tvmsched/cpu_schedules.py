@@ -111,14 +111,14 @@ def window(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Sche
     sch = s_tir.Schedule(function)
     found = find_window(sch)
     blocks = sch.get_child_blocks(get_root_block(sch))
-    if found is None or not _inline_producers(sch, blocks[:found.index], padding=found.reads == 1):
+    if found is None or found.spatial < 2 \
+            or not _inline_producers(sch, blocks[:found.index], padding=found.reads == 1):
         return None
-    stmt = sch.get(found.block)
     row = sch.get_loops(found.block)[found.spatial - 2]
-    children = sch.get_child_blocks(get_root_block(sch))
-    names = [sch.get(child).name_hint for child in children]
-    for consumer in children[names.index(stmt.name_hint) + 1:]:
-        sch.reverse_compute_at(consumer, row)
+    epilogue = sch.get_consumers(found.block)
+    while epilogue:  # the blocks that read the window's result, and those that read theirs, in order
+        sch.reverse_compute_at(epilogue[0], row)
+        epilogue = sch.get_consumers(epilogue[0])
     return sch
 
 

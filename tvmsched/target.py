@@ -16,7 +16,7 @@ from tvmsched.errors import TargetError
 DEFAULT_CUDA_TAG = "nvidia/nvidia-h100"
 TARGET_NAMES = ("auto", "cuda", "llvm")
 
-logger = logging.getLogger(__name__)
+LOGGER = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _local_cuda_tag() -> str | None:
         raise TargetError(f"no TVM target tag matches the GPU '{device.device_name}' (compute capability "
                           f"{device.compute_version}); pass --target nvidia/<model> with one of "
                           f"tvm.target.list_tags()")
-    logger.info("GPU '%s' has no TVM tag; compiling for %s, the same architecture (sm_%s)",
+    LOGGER.warning("GPU '%s' has no TVM tag; compiling for %s, the same architecture (sm_%s)",
                 device.device_name, same_arch[0], arch)
     return same_arch[0]
 

@@ -30,9 +30,11 @@ class Window:
 
 
 def find_window(sch: s_tir.Schedule) -> Window | None:
-    """The window reduction of the kernel `sch` schedules: its one reduction block reads one tensor, or
-    two of which one slides (`_slides`: a depthwise convolution's data, and its weights), at most WINDOW
-    elements per output; None for any other kernel."""
+    """The window reduction of the kernel `sch` schedules, None for any other kernel: its one reduction
+    block, with its loops in iteration order and static, at most WINDOW elements per output, reads one
+    tensor (a pool) or two, the data and weights of a depthwise convolution (`_slides`). The data's
+    innermost axis follows an output axis, so neighbouring outputs read neighbouring elements (a sum over
+    a row's last axis is no window)."""
     blocks = sch.get_child_blocks(get_root_block(sch))
     kinds = [get_sblock_info(sch, block).dom_kind() for block in blocks]
     reductions = [index for index, kind in enumerate(kinds) if "R" in kind]
@@ -41,11 +43,17 @@ def find_window(sch: s_tir.Schedule) -> Window | None:
     index = reductions[0]
     block, kind = blocks[index], kinds[index]
     stmt, loops = sch.get(block), sch.get_loops(block)
-    reads = [read for read in stmt.reads if not read.source.same_as(stmt.writes[0].source)]
+    extents = [sch.get(loop).extent for loop in loops]
     spatial = len(kind.rstrip("R"))
-    if len(reads) > 2 or len(loops) != len(kind) or "R" in kind[:spatial] or spatial < 2 \
-            or len(reads) == 2 and not any(_slides(read, stmt.iter_vars) for read in reads) \
-            or math.prod(int(sch.get(loop).extent) for loop in loops[spatial:]) > WINDOW:
+    if len(loops) != len(kind) or "R" in kind[:spatial] \
+            or not all(isinstance(extent, tvm.tirx.IntImm) for extent in extents) \
+            or math.prod(int(extent) for extent in extents[spatial:]) > WINDOW:
+        return None
+    outputs, window = _iters(stmt)
+    reads = [read for read in stmt.reads if not read.source.same_as(stmt.writes[0].source)]
+    data = reads[0] if len(reads) == 1 else next(
+        (read for read in reads if len(reads) == 2 and _slides(read, reads, outputs, window)), None)
+    if data is None or not any(uses_var(data.region[-1].min, var) for var in outputs):
         return None
     return Window(block, index, spatial, len(reads))
 
@@ -54,16 +62,28 @@ def is_window_kernel(function: tvm.tirx.PrimFunc) -> bool:
     return find_window(s_tir.Schedule(function)) is not None
 
 
-def _slides(read, iter_vars) -> bool:
-    """Whether `read` is a window's data: an axis indexed by a spatial and a reduction iter together
-    (h + kh), and no axis by a reduction iter alone (a convolution's input channel: that is a GEMM).
-    Reductions over one element do not count (a 1x1 convolution's window does not slide)."""
-    spatial = [iter_var.var for iter_var in iter_vars if int(iter_var.iter_type) == 0]
-    reduction = [iter_var.var for iter_var in iter_vars
-                 if int(iter_var.iter_type) == 2 and int(iter_var.dom.extent) > 1]
-    axes = [tuple(any(uses_var(axis.min, var) for var in kind) for kind in (spatial, reduction))
-            for axis in read.region]
-    return (True, True) in axes and (False, True) not in axes
+def _iters(stmt) -> tuple[list, list]:
+    """A block's spatial iters, and its reduction iters over more than one element."""
+    spatial = [iter_var.var for iter_var in stmt.iter_vars if iter_var.iter_type == tvm.tirx.IterVar.DataPar]
+    reduction = [iter_var.var for iter_var in stmt.iter_vars
+                 if iter_var.iter_type == tvm.tirx.IterVar.CommReduce and int(iter_var.dom.extent) > 1]
+    return spatial, reduction
+
+
+def _slides(data, reads, outputs, window) -> bool:
+    """Whether `data` is a depthwise convolution's data beside its weights (the other of `reads`): an
+    axis indexed by an output and a window iter together (h + kh), none by a window iter alone (a
+    convolution's input channel: that is a GEMM), and every output iter of the weights (the channel) in
+    it too (a convolution's output channel indexes the weights alone). A reduction over one element is
+    no window (a 1x1 convolution's)."""
+    def used(region, variables):
+        return [any(uses_var(axis.min, var) for var in variables) for axis in region]
+
+    weights = next(read for read in reads if not read.same_as(data))
+    axes = list(zip(used(data.region, outputs), used(data.region, window)))
+    channels = [var for var in outputs if any(uses_var(axis.min, var) for axis in weights.region)]
+    return (True, True) in axes and (False, True) not in axes \
+        and all(any(uses_var(axis.min, var) for axis in data.region) for var in channels)
 
 
 def uses_var(expr, var) -> bool:

@@ -56,7 +56,8 @@ class RunControl:
     def may_start(self) -> bool:
         """Whether a kernel started now is expected to finish within the time budget: the kernels this run
         finished took `expected` seconds each (their median), and a kernel's run is checked against the
-        budget only after its batches, so one started late would overrun it by that much. When it may not,
+        budget only after its batches and between its search's generations, so one started late would
+        overrun it by about that much. When it may not,
         the run counts as stopped by the budget, and the kernels in flight go on."""
         if self.deadline is None:
             return True
@@ -317,7 +318,7 @@ class SharedCostModel(ms.cost_model.PyCostModel):
     instead of after its batch is built and measured (on the 2-GPU host, where a search took 90 s, a run
     with a 100 s budget ended after 238 s)."""
 
-    def __init__(self, model: ms.CostModel, over: Callable[[], bool] = lambda: False):
+    def __init__(self, model: ms.CostModel, over: Callable[[], bool]):
         super().__init__()
         self.model = model
         self.over = over
