@@ -26,7 +26,7 @@ from tvm.s_tir.dlight.analysis import get_root_block, get_sblock_info
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target.codegen import target_has_features
 
-from tvmsched.windows import find_window, uses_var
+from tvmsched.windows import find_window, one_reduction, uses_var
 
 PARALLEL_TASKS = 4  # per core, to even out the load
 MIN_PARALLEL = 4096  # fewer output elements than this run on one core: the pool's start costs more
@@ -56,11 +56,11 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     data-movement producers (padding) and element-wise epilogues; None for any other kernel."""
     sch = s_tir.Schedule(function)
     blocks = sch.get_child_blocks(get_root_block(sch))
-    kinds = [get_sblock_info(sch, block).dom_kind() for block in blocks]
-    reductions = [index for index, kind in enumerate(kinds) if "R" in kind]
-    if len(reductions) != 1 or not _inline_producers(sch, blocks[:reductions[0]], padding=False):
+    found = one_reduction(sch)
+    if found is None or not _inline_producers(sch, blocks[:found[0]], padding=False):
         return None
-    block = blocks[reductions[0]]
+    index, kind = found
+    block = blocks[index]
     axes = _gemm_axes(sch, block)
     if axes is None:
         return None
@@ -68,7 +68,6 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     for producer in sch.get_producers(block):  # padding kept in memory
         _parallel_vectorize(sch, producer, target)
     loops = sch.get_loops(block)
-    kind = kinds[reductions[0]]
     spatial = [loop for loop, iter_kind in zip(loops, kind) if iter_kind == "S"]
     reduction = [loop for loop, iter_kind in zip(loops, kind) if iter_kind == "R"]
     position = [index for index in range(len(spatial)) if index != channel][-1]

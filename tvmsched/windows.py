@@ -35,13 +35,11 @@ def find_window(sch: s_tir.Schedule) -> Window | None:
     tensor (a pool) or two, the data and weights of a depthwise convolution (`_slides`). The data's
     innermost axis follows an output axis, so neighbouring outputs read neighbouring elements (a sum over
     a row's last axis is no window)."""
-    blocks = sch.get_child_blocks(get_root_block(sch))
-    kinds = [get_sblock_info(sch, block).dom_kind() for block in blocks]
-    reductions = [index for index, kind in enumerate(kinds) if "R" in kind]
-    if len(reductions) != 1:
+    found = one_reduction(sch)
+    if found is None:
         return None
-    index = reductions[0]
-    block, kind = blocks[index], kinds[index]
+    index, kind = found
+    block = sch.get_child_blocks(get_root_block(sch))[index]
     stmt, loops = sch.get(block), sch.get_loops(block)
     extents = [sch.get(loop).extent for loop in loops]
     spatial = len(kind.rstrip("R"))
@@ -56,6 +54,14 @@ def find_window(sch: s_tir.Schedule) -> Window | None:
     if data is None or not any(uses_var(data.region[-1].min, var) for var in outputs):
         return None
     return Window(block, index, spatial, len(reads))
+
+
+def one_reduction(sch: s_tir.Schedule) -> tuple[int, str] | None:
+    """The index among the root's blocks and the iteration kinds ("SSRR") of the kernel's one reduction
+    block; None where it has none or several."""
+    kinds = [get_sblock_info(sch, block).dom_kind() for block in sch.get_child_blocks(get_root_block(sch))]
+    reductions = [index for index, kind in enumerate(kinds) if "R" in kind]
+    return (reductions[0], kinds[reductions[0]]) if len(reductions) == 1 else None
 
 
 def is_window_kernel(function: tvm.tirx.PrimFunc) -> bool:
