@@ -29,6 +29,7 @@ from tvmsched.errors import TvmschedError
 from tvmsched.target import device_name, resolve_target
 from tvmsched.tuning.log import MANIFEST
 from tvmsched.tuning.rpc import TrackerAddress, registered_servers
+from tvmsched.tuning.tune import SEARCH_STRATEGIES
 
 KEY = "tvmsched-gpu"
 
@@ -154,7 +155,7 @@ def main() -> int:
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--time-budget", type=int, default=200, help="seconds per run")
-    parser.add_argument("--search", default="evolutionary", help="tune's --search")
+    parser.add_argument("--search", choices=SEARCH_STRATEGIES, default="evolutionary", help="tune's --search")
     parser.add_argument("--runs", nargs="+", default=["1:4", "2:4", "2:8"], help="GPUS:CONCURRENT")
     parser.add_argument("--work", default=None, help="logs and console output (default: a temporary folder)")
     parser.add_argument("--out", type=Path, required=True)

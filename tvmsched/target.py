@@ -106,7 +106,7 @@ def _local_cuda_tag() -> str | None:
                           f"{device.compute_version}); pass --target nvidia/<model> with one of "
                           f"tvm.target.list_tags()")
     LOGGER.warning("GPU '%s' has no TVM tag; compiling for %s, the same architecture (sm_%s)",
-                device.device_name, same_arch[0], arch)
+                   device.device_name, same_arch[0], arch)
     return same_arch[0]
 
 

@@ -49,9 +49,13 @@ def find_window(sch: s_tir.Schedule) -> Window | None:
         return None
     outputs, window = _iters(stmt)
     reads = [read for read in stmt.reads if not read.source.same_as(stmt.writes[0].source)]
-    data = reads[0] if len(reads) == 1 else next(
-        (read for read in reads if len(reads) == 2 and _slides(read, reads, outputs, window)), None)
-    if data is None or not any(uses_var(data.region[-1].min, var) for var in outputs):
+    if len(reads) == 1:
+        data = reads[0]
+    elif len(reads) == 2:
+        data = next((read for read in reads if _slides(read, reads, outputs, window)), None)
+    else:
+        data = None
+    if data is None or not _indexed_by(data.region[-1], outputs):
         return None
     return Window(block, index, spatial, len(reads))
 
@@ -82,14 +86,16 @@ def _slides(data, reads, outputs, window) -> bool:
     convolution's input channel: that is a GEMM), and every output iter of the weights (the channel) in
     it too (a convolution's output channel indexes the weights alone). A reduction over one element is
     no window (a 1x1 convolution's)."""
-    def used(region, variables):
-        return [any(uses_var(axis.min, var) for var in variables) for axis in region]
-
     weights = next(read for read in reads if not read.same_as(data))
-    axes = list(zip(used(data.region, outputs), used(data.region, window)))
-    channels = [var for var in outputs if any(uses_var(axis.min, var) for axis in weights.region)]
+    axes = [(_indexed_by(axis, outputs), _indexed_by(axis, window)) for axis in data.region]
+    channels = [var for var in outputs if any(_indexed_by(axis, [var]) for axis in weights.region)]
     return (True, True) in axes and (False, True) not in axes \
-        and all(any(uses_var(axis.min, var) for axis in data.region) for var in channels)
+        and all(any(_indexed_by(axis, [var]) for axis in data.region) for var in channels)
+
+
+def _indexed_by(axis, variables) -> bool:
+    """Whether a buffer region's axis is indexed by any of `variables`."""
+    return any(uses_var(axis.min, var) for var in variables)
 
 
 def uses_var(expr, var) -> bool:

@@ -57,8 +57,8 @@ class RunControl:
         """Whether a kernel started now is expected to finish within the time budget: the kernels this run
         finished took `expected` seconds each (their median), and a kernel's run is checked against the
         budget only after its batches and between its search's generations, so one started late would
-        overrun it by about that much. When it may not,
-        the run counts as stopped by the budget, and the kernels in flight go on."""
+        overrun it by about that much. When it may not, the run counts as stopped by the budget, and the
+        kernels in flight go on."""
         if self.deadline is None:
             return True
         finished = sorted(task.seconds for task in self.result.tasks if task.state == "done")
