@@ -7,7 +7,8 @@ onnxruntime's. Prints a table and writes JSON.
     python -m experiments.cpu_rules --without window --out experiments/results/cpu_window_2026-11-25.json
     python -m experiments.cpu_rules --without window --models inception_v3 /tmp/b0.onnx --out /tmp/w.json
 
-A model is a zoo name (built at --batch) or an ONNX file (its own shapes).
+A model is a zoo name (built at --batch), an ONNX file (its own shapes), or one of KERNELS, a one-kernel
+model (`kernel:avg_pool`, ...).
 """
 
 from __future__ import annotations
@@ -18,14 +19,44 @@ from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime
 import tvm
+from onnx import TensorProto, helper, numpy_helper
 
 import tvmsched
 from experiments.common import ResultFile, argument_parser, command, host_median_ms, now, relative_diff
 from tvmsched import cpu_schedules, zoo
 from tvmsched.target import device_name, resolve_target
+
+
+def _depthwise(channels: int, size: int, kernel: int, silu: bool) -> onnx.ModelProto:
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y" if not silu else "c"], group=channels,
+                              pads=[kernel // 2] * 4)]
+    if silu:
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    weight = np.random.default_rng(0).standard_normal((channels, 1, kernel, kernel)).astype("float32")
+    return _one_kernel(nodes, [1, channels, size, size], [numpy_helper.from_array(weight, "w")])
+
+
+def _avg_pool(shape: list[int]) -> onnx.ModelProto:
+    pool = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    return _one_kernel([pool], shape, [])
+
+
+def _one_kernel(nodes, shape: list[int], initializers) -> onnx.ModelProto:
+    """A model of `nodes` from input x to output y, both of `shape`."""
+    graph = helper.make_graph(nodes, "kernel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+# inception_v3's average pool, at batch 1 and 16; convnext's 7x7 and efficientnet's 5x5 + SiLU depthwise
+KERNELS = {"kernel:avg_pool": lambda: _avg_pool([1, 288, 35, 35]),
+           "kernel:avg_pool_b16": lambda: _avg_pool([16, 288, 35, 35]),
+           "kernel:depthwise7x7": lambda: _depthwise(96, 56, 7, silu=False),
+           "kernel:depthwise5x5_silu": lambda: _depthwise(672, 14, 5, silu=True)}
 
 
 def build(proto: onnx.ModelProto, without: str | None) -> tvmsched.CompiledModel:
@@ -41,7 +72,8 @@ def build(proto: onnx.ModelProto, without: str | None) -> tvmsched.CompiledModel
 
 
 def measure(name: str, args) -> dict:
-    proto = onnx.load(name) if name.endswith(".onnx") else zoo.build(name, batch=args.batch)
+    proto = (KERNELS[name]() if name in KERNELS else onnx.load(name) if name.endswith(".onnx")
+             else zoo.build(name, batch=args.batch))
     builds = {"with": build(proto, None), "without": build(proto, args.without)}
     inputs = builds["with"].random_inputs()
     session = onnxruntime.InferenceSession(proto.SerializeToString())
@@ -83,7 +115,8 @@ def main() -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--without", required=True, choices=list(cpu_schedules.RULES))
     parser.add_argument("--out", required=True)
-    parser.add_argument("--models", nargs="+", default=zoo.list_models(), help="zoo names or .onnx files")
+    parser.add_argument("--models", nargs="+", default=zoo.list_models(),
+                        help=f"zoo names, .onnx files or one-kernel models ({', '.join(KERNELS)})")
     parser.add_argument("--batch", type=int, default=1, help="zoo models' batch")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=5, help="runs per round (their median is the round's)")

@@ -103,10 +103,9 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
 def window(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedule | None:
     """A window kernel (`windows`: a pool, a depthwise convolution): each row's reductions and then their
     epilogue, on one core, a pool's padding inlined (a convolution's stays in memory); None for any other
-    kernel. dlight's Reduction rule, tried first before, made these kernels 3-20x slower than their plain
-    loops here: an average pool of 1x288x35x35 2.4 ms (this rule 0.23), a depthwise 7x7 convolution of
-    1x96x56x56 22.9 ms (1.3), 5x5 of 1x672x14x14 with SiLU 4.5 ms (1.1). They wait on memory: parallel
-    variants were slower (the pool at batch 16: 7.5 against 3.9 ms)."""
+    kernel. Under dlight's Reduction rule, tried first before, an average pool of 1x288x35x35 took 4.75 ms
+    here, 0.51 with this rule, and a depthwise 5x5 convolution with SiLU 9.09 against 1.48 ms
+    (experiments/cpu_rules.py). They wait on memory: parallel variants were slower in probes."""
     sch = s_tir.Schedule(function)
     found = find_window(sch)
     blocks = sch.get_child_blocks(get_root_block(sch))
