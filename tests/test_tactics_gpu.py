@@ -4,6 +4,8 @@ plans compute what TVM's kernels compute, inside the multi-stream CUDA graph, af
 import numpy as np
 import onnxruntime
 import pytest
+from conftest import make_model, tensor
+from onnx import helper
 
 import tvmsched
 from tvmsched.tactics.library import installed
@@ -60,3 +62,42 @@ def test_a_batch_norm_after_a_convolution_runs_folded_in_cudnn(private_cache):
     assert batch_norm and all(kernel.tactic is not None for kernel in batch_norm)
     x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype("float32")
     np.testing.assert_allclose(model(x), _reference(proto, x), rtol=1e-4, atol=1e-5)
+
+
+def transformer_block():
+    """x (4, 32, 64): an MLP with a residual (matmul+bias+relu, matmul+bias+residual) and x·xᵀ (a batched
+    matmul of two activations)."""
+    rng = np.random.default_rng(5)
+    shapes = {"w1": (64, 128), "b1": (128,), "w2": (128, 64), "b2": (64,)}
+    weights = {name: (rng.standard_normal(shape) / 8).astype("float32") for name, shape in shapes.items()}
+    nodes = [helper.make_node("MatMul", ["input", "w1"], ["m1"]),
+             helper.make_node("Add", ["m1", "b1"], ["a1"]), helper.make_node("Relu", ["a1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "w2"], ["m2"]),
+             helper.make_node("Add", ["m2", "b2"], ["a2"]), helper.make_node("Add", ["a2", "input"], ["y"]),
+             helper.make_node("Transpose", ["input"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["input", "t"], ["z"])]
+    return make_model(nodes, [tensor("input", [4, 32, 64])],
+                      [tensor("y", [4, 32, 64]), tensor("z", [4, 32, 32])], weights)
+
+
+@pytest.mark.skipif("cublaslt" not in installed(), reason="needs cuBLASLt (nvmath-python)")
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_matmuls_run_in_cublaslt_and_match_onnxruntime(precision, private_cache, tmp_path):
+    proto = transformer_block()
+    x = np.random.default_rng(4).standard_normal((4, 32, 64)).astype("float32")
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"input": x})
+    model = tvmsched.compile(proto, target="cuda", kernels="vendor", precision=precision, schedule="dp",
+                             max_streams=2)
+    tactics = [kernel.tactic.library for kernel in model.graph.kernels if kernel.tactic is not None]
+    # in fp16, cuBLASLt declines the projection (an fp16 bias before the model's fp32 output) and x·xᵀ
+    # (rounded to fp16 before its fp32 output)
+    assert tactics.count("cublaslt") == (3 if precision == "fp32" else 1), model.graph.implementations()
+    tolerance = 1e-5 if precision == "fp32" else 2e-2
+    for executor in ("sequential", "cuda-graph"):
+        with model.reschedule("dp", max_streams=2, executor=executor) as scheduled:
+            for actual, reference in zip(scheduled(x), expected):
+                np.testing.assert_allclose(actual, reference, rtol=tolerance, atol=tolerance)
+    loaded = tvmsched.load(model.save(tmp_path / "build"))
+    for actual, reference in zip(loaded(x), expected):
+        np.testing.assert_allclose(actual, reference, rtol=tolerance, atol=tolerance)

@@ -2,8 +2,9 @@
 
 Recognition (`recognize`) says for each fused kernel whether a vendor library could compute exactly what
 TVM's kernel computes, and describes it as a `VendorOp` (`vendor_op`); each library (`library`, one file
-each: `cudnn`) offers plans for it; selection (`select`) times them against TVM's function and records the
-winner in the kernel graph as a `Tactic`, which the executors launch.
+each: `cudnn` for convolutions, `cublaslt` for matmuls) offers plans for it; selection (`select`) times
+them against TVM's function and records the winner in the kernel graph as a `Tactic`, which the executors
+launch.
 """
 
-from tvmsched.tactics import cudnn  # noqa: F401  (registers the library)
+from tvmsched.tactics import cublaslt, cudnn  # noqa: F401  (register the libraries)

@@ -1,8 +1,10 @@
 """cuDNN through its Python frontend (`nvidia-cudnn-frontend`): a fused conv2d kernel as one cuDNN graph,
 the convolution followed by its epilogue as pointwise nodes.
 
-Every plan cuDNN's heuristics (modes A, then FALLBACK) rank for the graph is a candidate; the plans are
-named by cuDNN's engine-and-knobs string, which a later run finds again in the same ranking. cuDNN decides
+The candidates are the first plans cuDNN's heuristics (modes A, then FALLBACK) rank for the graph that
+build; plans are built one at a time as they are needed, since building one of a runtime-fusion engine
+compiles its kernel. A plan is named by cuDNN's engine-and-knobs string, which a later run finds again in
+the same ranking. cuDNN decides
 what it fuses: in fp32 it takes conv2d alone, with a bias, and with a bias and then relu (not relu alone: a
 relu straight after the convolution gets a bias of zeros), and declines a residual add, a sigmoid or a
 per-channel scale. A cast between float types inside the epilogue only rounds: cuDNN keeps float32.
@@ -56,7 +58,7 @@ class CudnnLibrary(VendorLibrary):
 
     def candidates(self, vendor_op: VendorOp, limit: int) -> list[Candidate]:
         graph = self._graph(vendor_op)
-        return graph.candidates[:limit] if graph else []
+        return graph.candidates(limit) if graph else []
 
     def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace) -> Launcher:
         graph = self._graph(vendor_op)
@@ -88,17 +90,38 @@ class CudnnLibrary(VendorLibrary):
 
 
 class _Graph:
-    """A VendorOp's cuDNN graph with every plan built: its candidates, and its operand tensors by kernel
-    parameter position."""
+    """A VendorOp's cuDNN graph with its plans ranked (built on first use: a plan of a runtime-fusion engine
+    compiles a kernel): its operand tensors by kernel parameter position, its plans by name."""
 
-    def __init__(self, graph, operands: dict, candidates: list[Candidate], indices: dict[str, int]):
+    def __init__(self, graph, operands: dict, indices: dict[str, int]):
         self.graph = graph
         self.operands = operands
-        self.candidates = candidates
-        self.indices = indices
+        self.indices = indices  # in the heuristics' order
+        self.built: dict[int, Candidate | None] = {}
+
+    def candidates(self, limit: int) -> list[Candidate]:
+        """The first `limit` plans that build, in the heuristics' order."""
+        found = []
+        for index in self.indices.values():
+            if len(found) == limit:
+                break
+            found += [candidate for candidate in [self.build_plan(index)] if candidate]
+        return found
 
     def index_of(self, plan: str) -> int | None:
-        return self.indices.get(plan)
+        """The index of plan `plan`, built; None where the graph has no such plan or it does not build."""
+        index = self.indices.get(plan)
+        return index if index is not None and self.build_plan(index) else None
+
+    def build_plan(self, index: int) -> Candidate | None:
+        if index not in self.built:
+            try:
+                self.graph.build_plan_at_index(index)
+                self.built[index] = Candidate(self.graph.get_plan_name_at_index(index),
+                                              int(self.graph.get_workspace_size_plan_at_index(index)))
+            except Exception:  # noqa: BLE001  (a plan that does not build)
+                self.built[index] = None
+        return self.built[index]
 
     @classmethod
     def build(cls, vendor_op: VendorOp, handle) -> _Graph | None:
@@ -144,21 +167,16 @@ class _Graph:
             graph.build_operation_graph()
             graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
             graph.check_support()
-            graph.build_plans(cudnn.build_plan_policy.ALL)
         except Exception as error:  # noqa: BLE001  (cuDNN raises its own error types for a graph it declines)
             LOGGER.debug("cuDNN declines %s: %s", vendor_op.name, str(error).strip()[:300])
             return None
-        candidates, indices = [], {}
+        indices = {}
         for index in range(graph.get_execution_plan_count()):
             try:
-                name = graph.get_plan_name_at_index(index)
-                workspace = graph.get_workspace_size_plan_at_index(index)
-            except Exception:  # noqa: BLE001  (a plan that did not build)
+                indices.setdefault(graph.get_plan_name_at_index(index), index)
+            except Exception:  # noqa: BLE001  (a plan check_support dropped)
                 continue
-            if name not in indices:
-                indices[name] = index
-                candidates.append(Candidate(name, int(workspace)))
-        return cls(graph, operands, candidates, indices) if candidates else None
+        return cls(graph, operands, indices) if indices else None
 
 
 class _Layout:
