@@ -101,3 +101,34 @@ def test_matmuls_run_in_cublaslt_and_match_onnxruntime(precision, private_cache,
     loaded = tvmsched.load(model.save(tmp_path / "build"))
     for actual, reference in zip(loaded(x), expected):
         np.testing.assert_allclose(actual, reference, rtol=tolerance, atol=tolerance)
+
+
+def mlp_with_gelu():
+    """x (4, 32, 64) → MatMul + bias + GELU (erf's, as exported) → MatMul + bias."""
+    rng = np.random.default_rng(6)
+    shapes = {"w1": (64, 256), "b1": (256,), "w2": (256, 64), "b2": (64,)}
+    weights = {name: (rng.standard_normal(shape) / 8).astype("float32") for name, shape in shapes.items()}
+    weights.update(root2=np.array(np.sqrt(2), "float32"), one=np.array(1, "float32"),
+                   half=np.array(0.5, "float32"))
+    nodes = [helper.make_node("MatMul", ["input", "w1"], ["m"]), helper.make_node("Add", ["m", "b1"], ["a"]),
+             helper.make_node("Div", ["a", "root2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a", "e1"], ["g"]),
+             helper.make_node("Mul", ["g", "half"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["m2"]),
+             helper.make_node("Add", ["m2", "b2"], ["y"])]
+    return make_model(nodes, [tensor("input", [4, 32, 64])], [tensor("y", [4, 32, 64])], weights)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_matmul_gelu_runs_in_cudnn_in_half_precision_only(precision, private_cache):
+    """cuDNN computes matmul + bias + GELU in fp16; in fp32 no library computes it exactly (cuBLASLt's GELU
+    is the tanh approximation, cuDNN's fp32 matmul is not exact), so TVM's kernel runs."""
+    proto = mlp_with_gelu()
+    x = np.random.default_rng(7).standard_normal((4, 32, 64)).astype("float32")
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    [expected] = session.run(None, {"input": x})
+    model = tvmsched.compile(proto, target="cuda", kernels="vendor", precision=precision)
+    [gelu] = [kernel for kernel in model.graph.kernels
+              if kernel.vendor_op is not None and "gelu" in kernel.vendor_op.name]
+    assert (gelu.tactic and gelu.tactic.library) == ("cudnn" if precision == "fp16" else None)
+    tolerance = 1e-5 if precision == "fp32" else 2e-2
+    np.testing.assert_allclose(model(x), expected, rtol=tolerance, atol=tolerance)

@@ -97,6 +97,21 @@ def test_gemm_bias_silu():
                                         3)
 
 
+@pytest.mark.parametrize("half, recognized", [(0.5, True), (0.6, False)])
+def test_matmul_bias_erf_gelu(half, recognized):
+    """GELU as ONNX exports write it, x * 0.5 * (1 + erf(x / √2)); another constant is not GELU."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Div", ["a", "root2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a", "e1"], ["g"]),
+             helper.make_node("Mul", ["g", "half"], ["y"])]
+    constants = {"root2": np.array(np.sqrt(2), "float32"), "one": np.array(1, "float32"),
+                 "half": np.array(half, "float32")}
+    kernel = only_kernel(make_model(nodes, [tensor("x", [1, 5, 16])], [tensor("y", [1, 5, 8])],
+                                    {**weights(w=(16, 8), b=(8,)), **constants}))
+    expected = (EpilogueOp("bias", "float32", 2, 2), EpilogueOp("gelu", "float32"))
+    assert (kernel.vendor_op is not None and kernel.vendor_op.epilogue == expected) == recognized
+
+
 def test_batched_matmul_bias():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
     kernel = only_kernel(make_model(nodes, [tensor("x", [1, 3, 2, 16])], [tensor("y", [1, 3, 2, 8])],

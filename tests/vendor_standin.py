@@ -10,6 +10,8 @@ VendorOp's name).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tvmsched.tactics.library import Candidate, VendorLibrary
@@ -68,6 +70,8 @@ def compute(vendor_op: VendorOp, arguments: list[np.ndarray]) -> np.ndarray:
             x = 1 / (1 + np.exp(-x))
         elif op.kind == "silu":
             x = x / (1 + np.exp(-x))
+        elif op.kind == "gelu":
+            x = x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))) / 2
         elif op.kind != "cast":
             raise ValueError(f"no numpy for epilogue op '{op.kind}'")
         value = x.astype(op.dtype)

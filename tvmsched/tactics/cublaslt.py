@@ -16,7 +16,6 @@ hex, which a later run passes back to cuBLASLt as they are.
 
 from __future__ import annotations
 
-import math
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -65,17 +64,11 @@ class Gemm:
         served = _epilogue(vendor_op, out_dtype)
         if served is None:
             return None
-        *a_batch, m, k = anchor.a_shape
-        *b_batch, _, n = anchor.b_shape
-        batch = math.prod(anchor.out_shape[:-2])
-        a_count, b_count = math.prod(a_batch), math.prod(b_batch)
-        if b_count == 1:  # A's batches are rows of one product
-            m, batch, strides = m * a_count, 1, (0, 0, 0)
-        elif a_count in (1, batch) and b_count == batch:
-            strides = (k * n, m * k if a_count > 1 else 0, m * n)
-        else:
+        product = anchor.batched()
+        if product is None:
             return None
-        return cls(m, n, k, batch, *strides, anchor.dtype, out_dtype, *served)
+        return cls(product.m, product.n, product.k, product.batch, product.b_stride, product.a_stride,
+                   product.m * product.n, anchor.dtype, out_dtype, *served)
 
 
 def _epilogue(vendor_op: VendorOp, out_dtype: str) -> tuple[str, int | None, int | None] | None:

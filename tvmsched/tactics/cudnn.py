@@ -1,5 +1,5 @@
-"""cuDNN through its Python frontend (`nvidia-cudnn-frontend`): a fused conv2d kernel as one cuDNN graph,
-the convolution followed by its epilogue as pointwise nodes.
+"""cuDNN through its Python frontend (`nvidia-cudnn-frontend`): a fused conv2d kernel, or a half-precision
+matmul kernel, as one cuDNN graph, the anchor followed by its epilogue as pointwise nodes.
 
 The candidates are the first plans cuDNN's heuristics (modes A, then FALLBACK) rank for the graph that
 build; plans are built one at a time as they are needed, since building one of a runtime-fusion engine
@@ -24,8 +24,9 @@ import numpy as np
 import tvm
 
 from tvmsched.tactics.library import Candidate, Launcher, VendorLibrary, register_library
-from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, VendorOp
+from tvmsched.tactics.vendor_op import BatchedMatmul, Conv2d, EpilogueOp, Matmul, VendorOp
 
+TYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}  # cuDNN's data_type names
 LOWEST = -3.4e38  # a clip without a lower bound
 ZEROS = -1  # the operand position of the zero bias that precedes a relu or clip straight after the conv
 LOGGER = logging.getLogger("tvmsched.tactics")
@@ -128,41 +129,14 @@ class _Graph:
         """The graph, or None where cuDNN does not take the op (unsupported anchor, epilogue or dtype)."""
         cudnn = _cudnn()
         anchor = vendor_op.anchor
-        types = {"float32": cudnn.data_type.FLOAT, "float16": cudnn.data_type.HALF,
-                 "bfloat16": cudnn.data_type.BFLOAT16}
-        if not isinstance(anchor, Conv2d) or anchor.dtype not in types or vendor_op.out_dtype not in types \
-                or any(op.kind == "cast" and op.dtype not in types for op in vendor_op.epilogue):
+        if anchor.dtype not in TYPES or vendor_op.out_dtype not in TYPES \
+                or any(op.kind == "cast" and op.dtype not in TYPES for op in vendor_op.epilogue):
             return None
-        graph = cudnn.pygraph(io_data_type=types[anchor.dtype], intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        operands = {}
-
-        def operand(position: int, dims: list[int], strides: list[int], dtype: str):
-            operands[position] = graph.tensor(dim=dims, stride=strides, data_type=types[dtype],
-                                              name=f"param{position}")
-            return operands[position]
-
-        layout = _Layout(anchor)
-        image = operand(vendor_op.data, *layout.image, anchor.dtype)
-        weight = operand(vendor_op.weight, *layout.weight, anchor.dtype)
-        value = graph.conv_fprop(image=image, weight=weight, pre_padding=list(anchor.padding[:2]),
-                                 post_padding=list(anchor.padding[2:]), stride=list(anchor.strides),
-                                 dilation=list(anchor.dilation), compute_data_type=cudnn.data_type.FLOAT,
-                                 name="conv")
-        if vendor_op.epilogue and vendor_op.epilogue[0].kind in ("relu", "clip"):
-            zeros = operand(ZEROS, *layout.operand(EpilogueOp("bias", anchor.accumulate_dtype, ZEROS, 1)),
-                            anchor.accumulate_dtype)
-            value = graph.add(a=value, b=zeros, name="zero_bias")
-        for step, op in enumerate(vendor_op.epilogue):
-            if op.kind == "cast":
-                continue  # between floats: cuDNN's intermediates stay float32; the last gives the output's
-            other = None if op.operand is None else operand(op.operand, *layout.operand(op), op.dtype)
-            value = _pointwise(graph, op, value, other, f"op{step}")
-        value.set_output(True).set_data_type(types[vendor_op.out_dtype]).set_stride(layout.output[1])
-        operands[vendor_op.output] = value
-        if anchor.dtype == "float32":
-            graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])  # TF32
+        layout = _Layout(anchor) if isinstance(anchor, Conv2d) else _MatmulLayout.of(anchor)
+        if layout is None:
+            return None
         try:
+            graph, operands = _describe(vendor_op, layout, handle)
             graph.validate()
             graph.build_operation_graph()
             graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -177,6 +151,46 @@ class _Graph:
             except Exception:  # noqa: BLE001  (a plan check_support dropped)
                 continue
         return cls(graph, operands, indices) if indices else None
+
+
+def _describe(vendor_op: VendorOp, layout, handle) -> tuple[object, dict]:
+    """The VendorOp's cuDNN graph (not yet validated) and its tensors by kernel parameter position."""
+    cudnn = _cudnn()
+    anchor = vendor_op.anchor
+    types = {dtype: getattr(cudnn.data_type, name) for dtype, name in TYPES.items()}
+    graph = cudnn.pygraph(io_data_type=types[anchor.dtype], intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    operands = {}
+
+    def operand(position: int, dims: list[int], strides: list[int], dtype: str):
+        operands[position] = graph.tensor(dim=dims, stride=strides, data_type=types[dtype],
+                                          name=f"param{position}")
+        return operands[position]
+
+    image = operand(vendor_op.data, *layout.image, anchor.dtype)
+    weight = operand(vendor_op.weight, *layout.weight, anchor.dtype)
+    if isinstance(anchor, Matmul):
+        value = graph.matmul(A=image, B=weight, compute_data_type=cudnn.data_type.FLOAT, name="matmul")
+    else:
+        value = graph.conv_fprop(image=image, weight=weight, pre_padding=list(anchor.padding[:2]),
+                                 post_padding=list(anchor.padding[2:]), stride=list(anchor.strides),
+                                 dilation=list(anchor.dilation), compute_data_type=cudnn.data_type.FLOAT,
+                                 name="conv")
+    leading = vendor_op.epilogue[0].kind if vendor_op.epilogue else None
+    if isinstance(anchor, Conv2d) and leading in ("relu", "clip"):
+        zeros = operand(ZEROS, *layout.operand(EpilogueOp("bias", anchor.accumulate_dtype, ZEROS, 1)),
+                        anchor.accumulate_dtype)
+        value = graph.add(a=value, b=zeros, name="zero_bias")
+    for step, op in enumerate(vendor_op.epilogue):
+        if op.kind == "cast":
+            continue  # between floats: cuDNN's intermediates stay float32; the last gives the output's
+        other = None if op.operand is None else operand(op.operand, *layout.operand(op), op.dtype)
+        value = _pointwise(graph, op, value, other, f"op{step}")
+    value.set_output(True).set_data_type(types[vendor_op.out_dtype]).set_stride(layout.output[1])
+    operands[vendor_op.output] = value
+    if anchor.dtype == "float32":
+        graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])  # TF32
+    return graph, operands
 
 
 class _Layout:
@@ -207,6 +221,31 @@ class _Layout:
         return [1, channels, 1, 1], [channels, 1, 1, 1]
 
 
+class _MatmulLayout:
+    """A matmul's tensors as cuDNN's batched matrices [batch, rows, columns] (`Matmul.batched`). In fp32
+    cuDNN's one matmul engine was 2.9e-4 off exact (TF32-like, with tensor-core plans deselected) and it
+    declined a bias (H100, 2026-11-26): fp32 matmuls are declined here, cuBLASLt computes them."""
+
+    def __init__(self, product: BatchedMatmul):
+        batch, m, k, n = product.batch, product.m, product.k, product.n
+        single = batch == 1  # a lone product's batch strides are its packed sizes, as for any tensor
+        self.image = [batch, m, k], [m * k if single else product.a_stride, k, 1]
+        self.weight = [batch, k, n], [k * n if single else product.b_stride, n, 1]
+        self.output = [batch, m, n], [m * n, n, 1]
+        self.columns = n
+
+    @classmethod
+    def of(cls, anchor: Matmul) -> _MatmulLayout | None:
+        product = anchor.batched()
+        return cls(product) if anchor.dtype != "float32" and product is not None else None
+
+    def operand(self, op: EpilogueOp) -> tuple[list[int], list[int]]:
+        """A bias varies along the last axis only; any other operand has the output's shape."""
+        if op.axis is None:
+            return self.output
+        return [1, 1, self.columns], [self.columns, self.columns, 1]
+
+
 def _pointwise(graph, op: EpilogueOp, value, other, name: str):
     """The cuDNN node of one epilogue op on `value` (and its operand tensor `other`)."""
     if op.kind in ("bias", "residual"):
@@ -223,4 +262,6 @@ def _pointwise(graph, op: EpilogueOp, value, other, name: str):
         return graph.sigmoid(input=value, name=name)
     if op.kind == "silu":
         return graph.swish(input=value, name=name)
+    if op.kind == "gelu":
+        return graph.gelu(input=value, name=name)
     raise ValueError(f"no cuDNN node for epilogue op '{op.kind}'")

@@ -14,6 +14,9 @@ and nothing else; the chain's end is the kernel's one output.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -30,6 +33,10 @@ EPILOGUE_OPS = {"add": ("add", relax.op.add, 2), "subtract": ("subtract", relax.
                 "relu": ("relu", relax.op.nn.relu, 1), "tir_sigmoid": ("sigmoid", relax.op.sigmoid, 1),
                 "maximum": ("maximum", relax.op.maximum, 2), "minimum": ("minimum", relax.op.minimum, 2),
                 "cast": ("cast", relax.op.astype, 1)}
+# erf's GELU as ONNX exports write it, x * 0.5 * (1 + erf(x / √2)): each step's op, its scalar constant
+# (inlined in the PrimFunc), and whether it also reads x
+GELU = (("divide", math.sqrt(2), False), ("erf", None, False), ("add", 1.0, False), ("multiply", None, True),
+        ("multiply", 0.5, False))
 
 
 class Anchors:
@@ -128,7 +135,12 @@ class _Recognizer:
         variable, callee, inputs = self.steps[index]
         kind, dtype = self._identify(callee, inputs, variable.ty), str(variable.ty.dtype)
         others = [value for value in inputs if not value.same_as(current)]
-        if kind is None or len(inputs) - len(others) != 1 or _shape(variable.ty) != _shape(current.ty):
+        if len(inputs) - len(others) != 1 or _shape(variable.ty) != _shape(current.ty):
+            return None
+        gelu = self._gelu(index, current)
+        if gelu is not None:
+            return gelu
+        if kind is None:
             return None
         if kind in ("relu", "sigmoid", "cast"):
             following = self._next(index, "multiply") if kind == "sigmoid" else None
@@ -150,6 +162,34 @@ class _Recognizer:
         if kind not in ("maximum", "minimum") or bound is None:
             return None
         return EpilogueOp("clip", dtype, bounds=(bound, None) if kind == "maximum" else (None, bound)), 1
+
+    def _gelu(self, index: int, current) -> tuple[EpilogueOp, int] | None:
+        """GELU (`GELU`'s five steps) of value `current` from step `index`, if the steps are those."""
+        steps = self.steps[index:index + len(GELU)]
+        if len(steps) < len(GELU):
+            return None
+        previous = current
+        for (variable, callee, inputs), (name, scalar, reads_x) in zip(steps, GELU):
+            if op_name(callee.name_hint) != name or str(variable.ty.dtype) != str(current.ty.dtype) or \
+                    _shape(variable.ty) != _shape(current.ty):
+                return None
+            values = [value for value in inputs if not self._is_scalar(value, scalar, variable.ty.dtype)]
+            inlined = len(values) == len(inputs)  # a scalar constant of the model is inlined, else an input
+            if not _reads(values, [current, previous] if reads_x else [previous]) or \
+                    (scalar is not None and len(inputs) - len(values) != (0 if inlined else 1)) or \
+                    (name == "divide" and not inlined and not inputs[0].same_as(previous)):
+                return None
+            operator = relax.op.erf if name == "erf" else EPILOGUE_OPS[name][1]
+            types = [value.ty for value in inputs]
+            if not _rebuilds(self.module[callee], operator, types, variable.ty, scalar if inlined else None):
+                return None
+            previous = variable
+        return EpilogueOp("gelu", str(previous.ty.dtype)), len(GELU)
+
+    def _is_scalar(self, value, scalar: float | None, dtype) -> bool:
+        """Whether `value` is a kernel input holding the scalar constant `scalar` in `dtype`."""
+        bound = None if scalar is None else self._bound(self._position(value))
+        return bound is not None and bound == float(np.array(scalar, str(dtype)))
 
     def _next(self, index: int, kind: str) -> tuple | None:
         """Step `index + 1` if it is op `kind` reading the value of step `index` once."""
@@ -182,11 +222,25 @@ class _Recognizer:
         return self.identified[callee.name_hint]
 
 
-def _rebuilds(function: tvm.tirx.PrimFunc, operator, types, out_type) -> bool:
-    """Whether TVM's default legalization of Relax op `operator` on `types` gives `function`."""
+def _reads(inputs, values) -> bool:
+    """Whether `inputs` are exactly `values`, in any order."""
+    remaining = list(inputs)
+    for value in values:
+        match = next((position for position, other in enumerate(remaining) if other.same_as(value)), None)
+        if match is None:
+            return False
+        remaining.pop(match)
+    return not remaining
+
+
+def _rebuilds(function: tvm.tirx.PrimFunc, operator, types, out_type, scalar: float | None = None) -> bool:
+    """Whether TVM's default legalization of Relax op `operator` on `types` (and a `scalar` constant of the
+    output's dtype after them) gives `function`."""
     builder = relax.BlockBuilder()
     params = [relax.Var(f"input{index}", ty) for index, ty in enumerate(types)]
     extra = (str(out_type.dtype),) if operator is relax.op.astype else ()
+    if scalar is not None:
+        extra = (relax.const(np.array(scalar, str(out_type.dtype))),)
     call = builder.normalize(operator(*params, *extra))
     legal = tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(builder, call)
     # AnnotateTIROpPattern adds op_pattern to the PrimFuncs of the module

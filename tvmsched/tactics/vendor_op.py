@@ -6,6 +6,7 @@ kernel parameters it reads by position (the kernel is called as `symbol(*inputs,
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from tvmsched.errors import GraphError
@@ -41,6 +42,31 @@ class Matmul:
     dtype: str
     accumulate_dtype: str
 
+    def batched(self) -> BatchedMatmul | None:
+        """The product as `batch` row-major products of contiguous operands; None where the batch dimensions
+        broadcast otherwise than wholly (all of A's or all of B's of size 1)."""
+        *a_batch, m, k = self.a_shape
+        *b_batch, _, n = self.b_shape
+        batch, a_count, b_count = (math.prod(dims) for dims in (self.out_shape[:-2], a_batch, b_batch))
+        if b_count == 1:  # A's batches are rows of one product
+            return BatchedMatmul(1, m * a_count, k, n, 0, 0)
+        if a_count in (1, batch) and b_count == batch:
+            return BatchedMatmul(batch, m, k, n, m * k if a_count > 1 else 0, k * n)
+        return None
+
+
+@dataclass(frozen=True)
+class BatchedMatmul:
+    """`batch` products of A (m x k) and B (k x n), row-major, each A `a_stride` and each B `b_stride`
+    elements after the one before (0: one broadcast to all); the outputs m x n apart."""
+
+    batch: int
+    m: int
+    k: int
+    n: int
+    a_stride: int
+    b_stride: int
+
 
 @dataclass(frozen=True)
 class EpilogueOp:
@@ -48,7 +74,7 @@ class EpilogueOp:
     which varies along output axis `axis` only; `residual` adds input `operand` of the output's shape;
     `subtract`, `multiply` and `divide` (x - c, x * c, x / c) take either kind of `operand` (`axis` None:
     of the output's shape); `clip` bounds by `bounds` (None: unbounded on that side); `relu`, `sigmoid`,
-    `silu` (x * sigmoid(x)); `cast` converts."""
+    `silu` (x * sigmoid(x)), `gelu` (x * (1 + erf(x / √2)) / 2); `cast` converts."""
 
     kind: str
     dtype: str
