@@ -117,6 +117,9 @@ def test_declined_batches_dtypes_and_anchors():
     casts = (EpilogueOp("cast", "float16"), EpilogueOp("cast", "float32"))
     rounded_between = VendorOp(half.anchor, 0, 1, casts, 2)
     assert Gemm.of(rounded_between) is None  # cuBLASLt would not round to float16 before the float32 output
+    summed_in_half = VendorOp(Matmul((4, 16), (16, 8), (4, 8), "float16", "float16"), 0, 1,
+                              (EpilogueOp("cast", "float32"),), 2)
+    assert Gemm.of(summed_in_half) is None
     conv = VendorOp(Conv2d("NCHW", (1, 4, 8, 8), (8, 4, 3, 3), (1, 8, 6, 6), (1, 1), (0, 0, 0, 0), (1, 1), 1,
                            "float32", "float32"), 0, 1, (), 2)
     assert Gemm.of(conv) is None

@@ -61,6 +61,8 @@ class Gemm:
         if not isinstance(anchor, Matmul) or anchor.dtype not in TYPES or out_dtype not in (anchor.dtype,
                                                                                              "float32"):
             return None
+        if anchor.accumulate_dtype != "float32" and out_dtype != anchor.accumulate_dtype:
+            return None  # TVM's sums are rounded to the narrower type before the output's
         served = _epilogue(vendor_op, out_dtype)
         if served is None:
             return None

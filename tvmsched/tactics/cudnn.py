@@ -7,7 +7,8 @@ compiles its kernel. A plan is named by cuDNN's engine-and-knobs string, which a
 the same ranking. cuDNN decides
 what it fuses: in fp32 it takes conv2d alone, with a bias, and with a bias and then relu (not relu alone: a
 relu straight after the convolution gets a bias of zeros), and declines a residual add, a sigmoid or a
-per-channel scale. A cast between float types inside the epilogue only rounds: cuDNN keeps float32.
+per-channel scale. cuDNN keeps float32 inside the graph and rounds once, to the output's type: casts to
+that type or to float32 are left out of the graph, a cast to another (narrower) type declines it.
 In fp32 the engines with cuDNN's tensor-core numerical note (TF32) are deselected, as PyTorch does with TF32
 off: heuristics rank them first, so without the filter every candidate was one the selection's numeric
 check rejects (measured: resnet50 at batch 16, all eight best plans 3e-4 off, 53 convolutions left to TVM).
@@ -129,8 +130,10 @@ class _Graph:
         """The graph, or None where cuDNN does not take the op (unsupported anchor, epilogue or dtype)."""
         cudnn = _cudnn()
         anchor = vendor_op.anchor
-        if anchor.dtype not in TYPES or vendor_op.out_dtype not in TYPES \
-                or any(op.kind == "cast" and op.dtype not in TYPES for op in vendor_op.epilogue):
+        # cuDNN rounds once, to the output's type: a cast to another (narrower) type inside is declined
+        casts = {op.dtype for op in vendor_op.epilogue if op.kind == "cast"}
+        rounded = casts - {vendor_op.out_dtype, "float32"}
+        if anchor.dtype not in TYPES or vendor_op.out_dtype not in TYPES or rounded:
             return None
         layout = _Layout(anchor) if isinstance(anchor, Conv2d) else _MatmulLayout.of(anchor)
         if layout is None:
@@ -163,6 +166,8 @@ def _describe(vendor_op: VendorOp, layout, handle) -> tuple[object, dict]:
     operands = {}
 
     def operand(position: int, dims: list[int], strides: list[int], dtype: str):
+        if position in operands:  # one buffer in two roles: the variant pack binds a tensor per parameter
+            raise ValueError(f"kernel parameter {position} is read twice")
         operands[position] = graph.tensor(dim=dims, stride=strides, data_type=types[dtype],
                                           name=f"param{position}")
         return operands[position]
