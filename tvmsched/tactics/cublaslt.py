@@ -61,9 +61,9 @@ class Gemm:
         if not isinstance(anchor, Matmul) or anchor.dtype not in TYPES or out_dtype not in (anchor.dtype,
                                                                                              "float32"):
             return None
-        if anchor.accumulate_dtype != "float32" and out_dtype != anchor.accumulate_dtype:
-            return None  # TVM's sums are rounded to the narrower type before the output's
-        served = _epilogue(vendor_op, out_dtype)
+        if vendor_op.rounds_between:
+            return None
+        served = _epilogue(vendor_op)
         if served is None:
             return None
         product = anchor.batched()
@@ -73,16 +73,14 @@ class Gemm:
                    product.m * product.n, anchor.dtype, out_dtype, *served)
 
 
-def _epilogue(vendor_op: VendorOp, out_dtype: str) -> tuple[str, int | None, int | None] | None:
+def _epilogue(vendor_op: VendorOp) -> tuple[str, int | None, int | None] | None:
     """(cuBLASLt epilogue, bias position, residual position) of the VendorOp's epilogue, if it has one."""
     bias = residual = None
     relu = False
     for op in vendor_op.epilogue:
-        if op.kind == "cast":  # rounding to the output's type (or none: to float32) is what cuBLASLt does
-            if op.dtype not in (out_dtype, "float32"):
-                return None
+        if op.kind == "cast":  # to the output's type or float32 (`rounds_between`): what cuBLASLt does
             continue
-        if relu or (op.kind in ("bias", "residual") and op.dtype != out_dtype):
+        if relu or (op.kind in ("bias", "residual") and op.dtype != vendor_op.out_dtype):
             return None
         if op.kind == "bias" and bias is None:
             bias = op.operand

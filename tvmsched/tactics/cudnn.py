@@ -8,7 +8,8 @@ the same ranking. cuDNN decides
 what it fuses: in fp32 it takes conv2d alone, with a bias, and with a bias and then relu (not relu alone: a
 relu straight after the convolution gets a bias of zeros), and declines a residual add, a sigmoid or a
 per-channel scale. cuDNN keeps float32 inside the graph and rounds once, to the output's type: casts to
-that type or to float32 are left out of the graph, a cast to another (narrower) type declines it.
+that type or to float32 are left out of the graph, a kernel that rounds to another type on the way is
+declined (`VendorOp.rounds_between`).
 In fp32 the engines with cuDNN's tensor-core numerical note (TF32) are deselected, as PyTorch does with TF32
 off: heuristics rank them first, so without the filter every candidate was one the selection's numeric
 check rejects (measured: resnet50 at batch 16, all eight best plans 3e-4 off, 53 convolutions left to TVM).
@@ -107,7 +108,9 @@ class _Graph:
         for index in self.indices.values():
             if len(found) == limit:
                 break
-            found += [candidate for candidate in [self.build_plan(index)] if candidate]
+            candidate = self.build_plan(index)
+            if candidate is not None:
+                found.append(candidate)
         return found
 
     def index_of(self, plan: str) -> int | None:
@@ -130,10 +133,7 @@ class _Graph:
         """The graph, or None where cuDNN does not take the op (unsupported anchor, epilogue or dtype)."""
         cudnn = _cudnn()
         anchor = vendor_op.anchor
-        # cuDNN rounds once, to the output's type: a cast to another (narrower) type inside is declined
-        casts = {op.dtype for op in vendor_op.epilogue if op.kind == "cast"}
-        rounded = casts - {vendor_op.out_dtype, "float32"}
-        if anchor.dtype not in TYPES or vendor_op.out_dtype not in TYPES or rounded:
+        if anchor.dtype not in TYPES or vendor_op.out_dtype not in TYPES or vendor_op.rounds_between:
             return None
         layout = _Layout(anchor) if isinstance(anchor, Conv2d) else _MatmulLayout.of(anchor)
         if layout is None:
@@ -233,9 +233,8 @@ class _MatmulLayout:
 
     def __init__(self, product: BatchedMatmul):
         batch, m, k, n = product.batch, product.m, product.k, product.n
-        single = batch == 1  # a lone product's batch strides are its packed sizes, as for any tensor
-        self.image = [batch, m, k], [m * k if single else product.a_stride, k, 1]
-        self.weight = [batch, k, n], [k * n if single else product.b_stride, n, 1]
+        self.image = [batch, m, k], [product.a_stride, k, 1]
+        self.weight = [batch, k, n], [product.b_stride, n, 1]
         self.output = [batch, m, n], [m * n, n, 1]
         self.columns = n
 

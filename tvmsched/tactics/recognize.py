@@ -175,8 +175,8 @@ class _Recognizer:
                 return None
             values = [value for value in inputs if not self._is_scalar(value, scalar, variable.ty.dtype)]
             inlined = len(values) == len(inputs)  # a scalar constant of the model is inlined, else an input
-            if not _reads(values, [current, previous] if reads_x else [previous]) or \
-                    (scalar is not None and len(inputs) - len(values) != (0 if inlined else 1)) or \
+            expected = [current, previous] if reads_x else [previous]
+            if not _reads(values, expected) or len(inputs) - len(values) > 1 or \
                     (name == "divide" and not inlined and not inputs[0].same_as(previous)):
                 return None
             operator = relax.op.erf if name == "erf" else EPILOGUE_OPS[name][1]

@@ -49,7 +49,7 @@ class Matmul:
         *b_batch, _, n = self.b_shape
         batch, a_count, b_count = (math.prod(dims) for dims in (self.out_shape[:-2], a_batch, b_batch))
         if b_count == 1:  # A's batches are rows of one product
-            return BatchedMatmul(1, m * a_count, k, n, 0, 0)
+            return BatchedMatmul(1, m * a_count, k, n, m * a_count * k, k * n)
         if a_count in (1, batch) and b_count == batch:
             return BatchedMatmul(batch, m, k, n, m * k if a_count > 1 else 0, k * n)
         return None
@@ -58,7 +58,8 @@ class Matmul:
 @dataclass(frozen=True)
 class BatchedMatmul:
     """`batch` products of A (m x k) and B (k x n), row-major, each A `a_stride` and each B `b_stride`
-    elements after the one before (0: one broadcast to all); the outputs m x n apart."""
+    elements after the one before (0: one broadcast to all; a lone product's are its packed sizes); the
+    outputs m x n apart."""
 
     batch: int
     m: int
@@ -100,6 +101,14 @@ class VendorOp:
     @property
     def out_dtype(self) -> str:
         return self.epilogue[-1].dtype if self.epilogue else self.anchor.accumulate_dtype
+
+    @property
+    def rounds_between(self) -> bool:
+        """Whether the kernel rounds its value on the way to a type other than its output's or float32 (an
+        anchor summing in it, a cast to it). The libraries keep float32 inside and round once, to the
+        output's type: they cannot compute such a kernel as TVM does."""
+        types = {self.anchor.accumulate_dtype} | {op.dtype for op in self.epilogue if op.kind == "cast"}
+        return bool(types - {self.out_dtype, "float32"})
 
     @property
     def name(self) -> str:
