@@ -1,4 +1,5 @@
-"""tvmsched's Softmax and LogSoftmax: a float16 row's sum accumulated in float32."""
+"""Softmax and LogSoftmax (TVM's importer; tvmsched's legalization on float16, `lower.FLOAT32_INSIDE`): a
+float16 row's exponentials and sum in float32."""
 
 import numpy as np
 import pytest

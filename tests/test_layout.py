@@ -5,7 +5,8 @@ and the compile flag: tests/test_precision.py)."""
 
 import numpy as np
 import pytest
-from conftest import onnxruntime_outputs
+from conftest import make_model, onnxruntime_outputs, tensor
+from onnx import helper
 from test_precision import TOLERANCE, relative_error
 from test_tactics_select import network
 
@@ -43,3 +44,38 @@ def test_merge_comes_first_and_composes_with_nhwc_and_fp16():
                                  precision=precision)
         assert model.meta.merged_convolutions == (2,)
         assert relative_error(model(x), expected) <= tolerance
+
+
+def convnext_block():
+    """A ConvNeXt block as torchvision exports it: a depthwise 7x7 convolution, a transpose to channels-last
+    for the layer norm and the two matmuls, a transpose back and the residual."""
+    rng = np.random.default_rng(7)
+    c = 8
+    weights = {"dw": rng.standard_normal((c, 1, 7, 7)).astype("float32") / 7,
+               "db": rng.standard_normal(c).astype("float32"), "g": np.ones(c, "float32"),
+               "b": np.zeros(c, "float32"), "w1": rng.standard_normal((c, 4 * c)).astype("float32") / 3,
+               "b1": rng.standard_normal(4 * c).astype("float32"),
+               "w2": rng.standard_normal((4 * c, c)).astype("float32") / 6,
+               "b2": rng.standard_normal(c).astype("float32")}
+    nodes = [helper.make_node("Conv", ["input", "dw", "db"], ["c"], group=c, pads=[3, 3, 3, 3]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
+             helper.make_node("MatMul", ["n", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Relu", ["a1"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["m2"]),
+             helper.make_node("Add", ["m2", "b2"], ["a2"]),
+             helper.make_node("Transpose", ["a2"], ["t2"], perm=[0, 3, 1, 2]),
+             helper.make_node("Add", ["t2", "input"], ["y"])]
+    return make_model(nodes, [tensor("input", [2, c, 8, 8])], [tensor("y", [2, c, 8, 8])], weights)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_transpose_to_channels_last_after_a_convolution_is_dropped(precision):
+    """In NHWC the block's first transpose keeps every axis in place: the convolution's kernel is the
+    convolution and its bias alone (a vendor library takes it), and the block computes what it did."""
+    proto = convnext_block()
+    x = np.random.default_rng(8).standard_normal((2, 8, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(proto, {"input": x})
+    model = tvmsched.compile(proto, target="llvm", layout="nhwc", precision=precision)
+    [convolution] = [kernel for kernel in model.graph.kernels if "conv2d" in kernel.op_kinds]
+    assert "transpose" not in convolution.op_kinds and isinstance(convolution.vendor_op.anchor, Conv2d)
+    assert relative_error(model(x), expected) <= (1e-5 if precision == "fp32" else TOLERANCE)

@@ -6,8 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_model, tensor
-from onnx import helper
+import tvm
+from conftest import make_model, onnxruntime_outputs, tensor
+from onnx import TensorProto, helper
 from test_tactics_select import network
 
 import tvmsched
@@ -107,3 +108,58 @@ def test_fp16_batch_norm_computes_in_float16_fused_with_its_convolution_and_relu
     assert {"conv2d", "divide", "multiply", "relu"} <= set(kernel.op_kinds)
     assert [tensor.dtype for tensor in kernel.outputs] == ["float16"]
     assert kernel.vendor_op.name == "conv2d+cast+subtract+divide+multiply+bias+relu"
+
+
+def attention_inputs():
+    """ViT's attention: one projection reshaped to (3, ...) and picked apart by Gather into the query, key and
+    value; softmax(q·kᵀ)·v."""
+    rng = np.random.default_rng(9)
+    weights = {"w": rng.standard_normal((8, 24)).astype("float32") / 3, "shape": np.array([4, 8, 3, 8]),
+               "i0": np.array(0), "i1": np.array(1), "i2": np.array(2)}
+    nodes = [helper.make_node("MatMul", ["input", "w"], ["p"]),
+             helper.make_node("Reshape", ["p", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["qkv"], perm=[2, 0, 1, 3]),
+             *(helper.make_node("Gather", ["qkv", f"i{i}"], [name], axis=0) for i, name in enumerate("qkv")),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["a"], axis=-1),
+             helper.make_node("MatMul", ["a", "v"], ["output"])]
+    return make_model(nodes, [tensor("input", [4, 8, 8])], [tensor("output", [4, 8, 8])], weights)
+
+
+def test_gathers_compute_in_float16_with_no_float32_copy_of_their_input():
+    """TVM's pass computes an op without a policy in float32: each Gather cast the whole tensor it picks from
+    to float32 first. They follow their input's type, within the pass only."""
+    proto = attention_inputs()
+    x = np.random.default_rng(10).standard_normal((4, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(proto, {"input": x})
+    model = tvmsched.compile(proto, target="llvm", precision="fp16")
+    casts = [kernel for kernel in model.graph.kernels if kernel.op_kinds == ("cast",)]
+    assert not any(ref.shape[0] == 3 for kernel in casts for ref in kernel.inputs), casts
+    takes = [kernel for kernel in model.graph.kernels if "take" in kernel.op_kinds]
+    assert len(takes) == 3 and {ref.dtype for kernel in takes for ref in kernel.outputs} == {"float16"}
+    assert relative_error(model(x), expected) <= TOLERANCE
+    assert tvm.ir.Op.get("relax.take").get_attr(precision.POLICY) is None
+
+
+def test_softmax_takes_float16_and_computes_in_float32_inside():
+    """The product before the softmax ends in one cast to float16 (a vendor library takes it; a cast back to
+    float32 fused there had it declined); the softmax reads and writes float16."""
+    proto = attention_inputs()
+    x = np.random.default_rng(11).standard_normal((4, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(proto, {"input": x})
+    model = tvmsched.compile(proto, target="llvm", precision="fp16")
+    [scores] = [kernel for kernel in model.graph.kernels if kernel.op_kinds == ("matmul", "cast")
+                and kernel.outputs[0].shape == (4, 8, 8) and kernel.vendor_op is not None]
+    [softmax] = [kernel for kernel in model.graph.kernels if "softmax" in kernel.op_kinds]
+    assert scores.outputs[0].dtype == softmax.inputs[0].dtype == softmax.outputs[0].dtype == "float16"
+    assert relative_error(model(x), expected) <= TOLERANCE
+
+
+def test_a_float16_softmax_sums_in_float32():
+    """4096 equal float16 logits: summed in float16 the exponentials stop at 2048, giving 1/2048 each."""
+    proto = make_model([helper.make_node("Softmax", ["input"], ["output"], axis=-1)],
+                       [tensor("input", [2, 4096], TensorProto.FLOAT16)],
+                       [tensor("output", [2, 4096], TensorProto.FLOAT16)], {})
+    model = tvmsched.compile(proto, target="llvm")
+    np.testing.assert_array_equal(model(np.zeros((2, 4096), "float16")), np.float16(1 / 4096))

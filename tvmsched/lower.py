@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax
+from tvm import relax, topi
 
 from tvmsched.tactics.vendor_op import VendorOp
 
@@ -32,7 +32,7 @@ def lower(module: tvm.IRModule) -> LoweredModule:
 
     anchors = Anchors()
     module = relax.transform.DecomposeOpsForInference()(module)
-    module = relax.transform.LegalizeOps(anchors.legalize_map())(module)
+    module = relax.transform.LegalizeOps({**anchors.legalize_map(), **FLOAT32_INSIDE})(module)
     module = relax.transform.AnnotateTIROpPattern()(module)
     module = tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.FuseOps()])(
         fold_constant_calls(module))
@@ -46,6 +46,24 @@ def lower(module: tvm.IRModule) -> LoweredModule:
         if isinstance(function, tvm.tirx.PrimFunc) and global_var.name_hint not in op_kinds:
             op_kinds[global_var.name_hint] = (op_name(global_var.name_hint),)
     return LoweredModule(module, op_kinds, vendor_ops)
+
+
+def _float32_inside(name: str, topi_op):
+    """Legalizes a softmax-like op as TVM does, except on float16: there its exponentials and sums are
+    float32 (TVM's would be float16) and the result is rounded once."""
+    short = name.rsplit(".", 1)[1]
+
+    def legalize(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        data, axis = call.args[0], int(call.attrs.axis)
+        if data.ty.dtype != "float16":
+            return builder.call_te(topi_op, data, axis, primfunc_name_hint=short)
+        return builder.call_te(lambda x: topi.cast(topi_op(topi.cast(x, "float32"), axis), "float16"), data,
+                               primfunc_name_hint=short)
+    return legalize
+
+
+FLOAT32_INSIDE = {name: _float32_inside(name, op) for name, op in
+                  (("relax.nn.softmax", topi.nn.softmax), ("relax.nn.log_softmax", topi.nn.log_softmax))}
 
 
 def fold_constant_calls(module: tvm.IRModule) -> tvm.IRModule:

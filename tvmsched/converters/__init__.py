@@ -33,6 +33,5 @@ from tvmsched.converters import (  # noqa: E402, F401
     refused,
     resize,
     shape,
-    softmax,
     sort,
 )

@@ -17,7 +17,6 @@ from tvmsched.converters.common import (
     requested_outputs,
     static_shape,
 )
-from tvmsched.converters.softmax import softmax
 
 
 def split_heads(bb: relax.BlockBuilder, tensor: relax.Expr, heads: int) -> relax.Expr:
@@ -113,7 +112,7 @@ class Attention(OnnxOpConverter):
                  dtype: str) -> relax.Expr:
         """softmax in `precision` over the keys, 0 in a row whose bias is -inf everywhere (softmax makes it
         NaN), cast to `dtype`."""
-        probabilities = softmax(bb, cast(bb, biased, precision), axis=-1)
+        probabilities = relax.op.nn.softmax(cast(bb, biased, precision), axis=-1)
         if bias is not None:
             # Counted, since Relax's max starts from the lowest finite value, not -inf.
             allowed = relax.op.astype(relax.op.greater(bias, constant(-np.inf, dtype_of(bias))), "int32")

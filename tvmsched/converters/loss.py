@@ -9,7 +9,6 @@ from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from tvmsched.converters import register_converter
 from tvmsched.converters.common import constant, dtype_of, refuse, static_shape, text_attribute
-from tvmsched.converters.softmax import log_softmax
 
 
 def negative_log_likelihood(bb: relax.BlockBuilder, log_prob: relax.Expr, target: relax.Expr,
@@ -57,5 +56,5 @@ class SoftmaxCrossEntropyLoss(OnnxOpConverter):
 
     @classmethod
     def _impl_v12(cls, bb, inputs, attr, params):
-        log_prob = bb.emit(log_softmax(bb, inputs[0], axis=1))
+        log_prob = bb.emit(relax.op.nn.log_softmax(inputs[0], axis=1))
         return relax.Tuple([negative_log_likelihood(bb, log_prob, inputs[1], inputs[2], attr), log_prob])

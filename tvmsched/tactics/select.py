@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.tactics.affine import vendor_call
 from tvmsched.tactics.library import LIBRARIES, Tactic, installed
 from tvmsched.tactics.vendor_op import VendorOp
+
+LOGGER = logging.getLogger("tvmsched.tactics")
 
 MODES = ("auto", "tvm", "vendor")
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
@@ -119,6 +122,8 @@ class _Selector:
             return best, (None, best_ms)
         key = f"{self.device_name}/tvm/{kernel.workload}/{self.kernels_hash}"
         tvm_ms = self._cached(key, lambda: self._time(self._timer().launchers[kernel.id]))
+        LOGGER.debug("%s: TVM %.4f ms, %s %.4f ms (of %d plans that work)", kernel.symbol, tvm_ms,
+                     best.library, best_ms, len(options))
         return (best, (tvm_ms, best_ms)) if best_ms < tvm_ms else None
 
     def _cached(self, key: str, measure_ms: Callable[[], float | None]) -> float | None:
@@ -154,10 +159,15 @@ class _Selector:
             output.copyfrom(np.zeros(output.shape, output.dtype))
             launch(stream)
             timer.synchronize()
-        except Exception:  # noqa: BLE001  (a plan that fails to run is not a candidate)
+        except Exception as error:  # noqa: BLE001  (a plan that fails to run is not a candidate)
+            LOGGER.debug("%s: %s plan %s fails: %s", kernel.symbol, tactic.library, tactic.plan,
+                         str(error).strip()[:300])
             return None
-        if not relative_difference(output.numpy(), expected) <= TOLERANCE.get(kernel.outputs[0].dtype, 1e-5):
-            return None  # (NaN included)
+        difference = relative_difference(output.numpy(), expected)
+        if not difference <= TOLERANCE.get(kernel.outputs[0].dtype, 1e-5):  # (NaN included)
+            LOGGER.debug("%s: %s plan %s is %.2g off TVM's kernel", kernel.symbol, tactic.library,
+                         tactic.plan, difference)
+            return None
         return self._time(launch)
 
     def save(self) -> None:
