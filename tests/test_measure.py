@@ -3,6 +3,7 @@ time per inference, the benchmark's statistics after its warm-up), that every CU
 destroyed, and that the benchmark, the stage timer and the profile's kernel timer all time through
 `tvmsched.measure`. CUDA runs on the CPU over a stand-in cudart (tests/fakecuda.py)."""
 
+import gc
 import itertools
 import time
 from contextlib import ExitStack
@@ -139,3 +140,20 @@ def test_the_profiles_kernel_timer_on_a_gpu_times_captured_kernels(branchy_model
         fake_cuda.elapsed = iter([30.0, 10.0, 20.0, 50.0, 40.0])  # five rounds of 3 replays of 10 copies
         assert time_kernel(1, 30) == pytest.approx(30.0 / 3 / 10)
     assert calls == ["time_captured"] and fake_cuda.launched == 1 + 5 * 3
+
+
+def test_no_garbage_is_collected_while_capturing(fake_cuda):
+    """A collection mid-capture runs finalizers that free device memory, illegal in a capture (TVM aborted
+    on the H100): the collector is held off while issuing, and back on after, also when issuing raised."""
+    states = []
+
+    def failing():
+        states.append(gc.isenabled())
+        raise RuntimeError("issue failed")
+
+    with ExitStack() as owner:
+        stream = cuda.stream(owner)
+        cuda.capture(owner, stream, lambda: states.append(gc.isenabled()))
+        with pytest.raises(RuntimeError, match="issue failed"):
+            cuda.capture(owner, stream, failing)
+    assert states == [False, False] and gc.isenabled()

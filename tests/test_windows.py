@@ -1,6 +1,8 @@
 """Window kernels (`tvmsched.windows`): which kernels are pools and depthwise convolutions, and the GPU rule
 order they get."""
 
+import shutil
+
 import pytest
 import tvm
 from tvm import te, topi
@@ -58,8 +60,37 @@ def test_a_kernel_with_symbolic_extents_is_no_window():
 
 def test_window_kernels_take_a_thread_per_output_first_on_the_gpu():
     """dlight's GeneralReduction gave each output of a pool or a depthwise convolution a block of 256
-    threads; they get its Fallback first. A softmax-like reduction keeps the reduction rules."""
+    threads; they get the window rule's thread per output first, then Fallback's. A softmax-like reduction
+    keeps the reduction rules."""
     spec = resolve_target("nvidia/nvidia-h100")
-    assert next(schedule_candidates(_pool(), spec, []))[0] == "Fallback"
-    assert next(schedule_candidates(_conv(8, 8, 8), spec, []))[0] == "Fallback"
-    assert next(schedule_candidates(_sum([3], True), spec, []))[0] != "Fallback"
+    assert [rule for rule, _ in schedule_candidates(_pool(), spec, [])][:2] == ["window", "Fallback"]
+    assert next(schedule_candidates(_conv(8, 8, 8), spec, []))[0] == "window"
+    assert next(schedule_candidates(_sum([3], True), spec, []))[0] not in ("window", "Fallback")
+
+
+def _depthwise_nhwc_half():
+    """ConvNeXt's depthwise 7x7 convolution in float16 NHWC, summed in float32, with its cast and bias."""
+    data = te.placeholder((2, 14, 14, 32), "float16", "data")
+    weight = te.placeholder((32, 7, 7, 1), "float16", "weight")
+    bias = te.placeholder((1, 1, 1, 32), "float16", "bias")
+    out = topi.nn.conv(data, weight, 1, 3, 1, 32, "NHWC", "OHWI", out_dtype="float32")
+    return te.create_prim_func([data, weight, bias, topi.add(topi.cast(out, "float16"), bias)])
+
+
+@pytest.mark.parametrize("function", [_pool(), _conv(8, 8, 8), _depthwise_nhwc_half()])
+def test_the_window_rule_sums_in_a_register_and_writes_the_epilogue_in_one_kernel(function):
+    """Fallback summed in the output buffer in global memory and ran the epilogue as a second kernel."""
+    spec = resolve_target("nvidia/nvidia-h100")
+    rule, scheduled = next(schedule_candidates(function, spec, []))
+    assert rule == "window"
+    script = scheduled.script()
+    allocations = [line for line in script.splitlines() if "alloc_buffer" in line]
+    assert allocations and all('scope="local"' in line for line in allocations), allocations
+    assert script.count('thread="blockIdx.x"') == 1  # one kernel
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to compile CUDA")
+def test_the_window_rule_compiles_for_cuda():
+    spec = resolve_target("nvidia/nvidia-h100")
+    scheduled = next(schedule_candidates(_depthwise_nhwc_half(), spec, []))[1]
+    tvm.compile(tvm.IRModule({"main": scheduled}), target=spec.tvm_target)

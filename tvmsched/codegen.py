@@ -22,7 +22,7 @@ import tvm_ffi
 from tvm import relax, s_tir
 from tvm.s_tir import dlight
 
-from tvmsched import cpu_schedules
+from tvmsched import cpu_schedules, gpu_schedules
 from tvmsched.errors import GraphError
 from tvmsched.target import TargetSpec
 from tvmsched.windows import is_window_kernel
@@ -36,8 +36,8 @@ def schedule_candidates(function: tvm.tirx.PrimFunc, spec: TargetSpec, notes: li
     applies, dlight's on a GPU (`gpu_rules`), `cpu_schedules.RULES` on the CPU and then the kernel as it is
     (which always compiles). A rule that raises is noted in `notes` and skipped."""
     target = spec.tvm_target
-    rules = ({rule: getattr(dlight.gpu, rule)() for rule in gpu_rules(function)} if spec.kind == "cuda"
-             else cpu_schedules.RULES)
+    rules = ({rule: gpu_schedules.RULES.get(rule) or getattr(dlight.gpu, rule)()
+              for rule in gpu_rules(function)} if spec.kind == "cuda" else cpu_schedules.RULES)
     for rule, schedule_rule in rules.items():
         try:
             with target:
@@ -53,13 +53,13 @@ def schedule_candidates(function: tvm.tirx.PrimFunc, spec: TargetSpec, notes: li
 
 
 def gpu_rules(function: tvm.tirx.PrimFunc) -> tuple[str, ...]:
-    """dlight's rules in the order tried on `function`: a window kernel (`windows`: a pool, a depthwise
-    convolution) gets Fallback's thread per output first. dlight's GeneralReduction, which took them
-    before, gives each output a block of 256 threads for its 9 to 64 elements (a depthwise 3x3
-    convolution of 16x96x112x112: 19.3 million blocks)."""
+    """The rules in the order tried on `function`: dlight's, but a window kernel (`windows`: a pool, a
+    depthwise convolution) gets a thread per output first, `gpu_schedules.window`'s, then Fallback's.
+    dlight's GeneralReduction, which took them before, gives each output a block of 256 threads for its 9
+    to 64 elements (a depthwise 3x3 convolution of 16x96x112x112: 19.3 million blocks)."""
     if not is_window_kernel(function):
         return GPU_RULES
-    return ("Fallback", *(rule for rule in GPU_RULES if rule != "Fallback"))
+    return ("window", "Fallback", *(rule for rule in GPU_RULES if rule != "Fallback"))
 
 
 def default_schedules(kernels: tvm.IRModule, spec: TargetSpec) -> tvm.IRModule:

@@ -26,7 +26,7 @@ from tvm.s_tir.dlight.analysis import get_root_block, get_sblock_info
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target.codegen import target_has_features
 
-from tvmsched.windows import find_window, one_reduction, uses_var
+from tvmsched.windows import find_window, inline_producers, one_reduction, uses_var
 
 PARALLEL_TASKS = 4  # per core, to even out the load
 MIN_PARALLEL = 4096  # fewer output elements than this run on one core: the pool's start costs more
@@ -57,7 +57,7 @@ def gemm(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     sch = s_tir.Schedule(function)
     blocks = sch.get_child_blocks(get_root_block(sch))
     found = one_reduction(sch)
-    if found is None or not _inline_producers(sch, blocks[:found[0]], padding=False):
+    if found is None or not inline_producers(sch, blocks[:found[0]], padding=False):
         return None
     index, kind = found
     block = blocks[index]
@@ -110,7 +110,7 @@ def window(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Sche
     found = find_window(sch)
     blocks = sch.get_child_blocks(get_root_block(sch))
     if found is None or found.spatial < 2 \
-            or not _inline_producers(sch, blocks[:found.index], padding=found.reads == 1):
+            or not inline_producers(sch, blocks[:found.index], padding=found.reads == 1):
         return None
     row = sch.get_loops(found.block)[found.spatial - 2]
     epilogue = sch.get_consumers(found.block)
@@ -126,7 +126,7 @@ def parallel(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Sc
     it has no reduction, vectorized over its innermost loop split by a divisor of the target's lanes."""
     sch = s_tir.Schedule(function)
     blocks = sch.get_child_blocks(get_root_block(sch))
-    _inline_producers(sch, blocks[:-1], padding=False)
+    inline_producers(sch, blocks[:-1], padding=False)
     for block in sch.get_child_blocks(get_root_block(sch)):
         _reverse_inlined(sch, block)
     for block in sch.get_child_blocks(get_root_block(sch)):
@@ -206,24 +206,6 @@ def _group_of(expr, var) -> int | None:
         return None
     groups = {_group_of(child, var) for child in children} - {0}
     return groups.pop() if len(groups) == 1 and None not in groups else None
-
-
-def _inline_producers(sch: s_tir.Schedule, blocks, padding: bool = True) -> bool:
-    """Inline each of `blocks` that only moves data (copies, reshapes, and padding if `padding`); whether
-    all others were (padding left in memory counts as inlined)."""
-    inlined = True
-    for block in reversed(blocks):
-        stmt = sch.get(block)
-        if not padding and get_sblock_info(sch, block).is_data_pad(sch):
-            continue
-        moves_data = len(stmt.reads) == 1 and "R" not in get_sblock_info(sch, block).dom_kind()
-        try:
-            if not moves_data:
-                raise s_tir.ScheduleError("computes")
-            sch.compute_inline(block)
-        except s_tir.ScheduleError:
-            inlined = False
-    return inlined
 
 
 def _reverse_inline_consumers(sch: s_tir.Schedule, block) -> None:

@@ -7,6 +7,7 @@ destroys a handle, and one runtime for the tests to stand in for (`tests/fakecud
 
 from __future__ import annotations
 
+import gc
 from contextlib import ExitStack
 from typing import Callable
 
@@ -56,14 +57,26 @@ def event(owner: ExitStack, timing: bool = False):
 
 def capture(owner: ExitStack, stream, issue: Callable[[], None]):
     """An instantiated CUDA graph of what `issue()` issues on `stream` (and on the streams it forks from
-    `stream`); the executable and its graph are destroyed when `owner` closes."""
+    `stream`); the executable and its graph are destroyed when `owner` closes.
+
+    Python's garbage collector is run before and held off during the capture: a collection inside it ran
+    the finalizers of unreachable device tensors, whose cudaFree is illegal while this thread captures,
+    and TVM aborted the process (H100, the zoo's executors rebuilt one after another, in cuDNN's Python
+    code under `issue`)."""
     cudart = runtime()
     mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-    check(cudart.cudaStreamBeginCapture(stream, mode))
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
     try:
-        issue()
-    finally:  # a capture is ended also when issuing raised; `owner` then destroys its graph at once
-        graph = own(owner, cudart.cudaStreamEndCapture(stream), cudart.cudaGraphDestroy)
+        check(cudart.cudaStreamBeginCapture(stream, mode))
+        try:
+            issue()
+        finally:  # a capture is ended also when issuing raised; `owner` then destroys its graph at once
+            graph = own(owner, cudart.cudaStreamEndCapture(stream), cudart.cudaGraphDestroy)
+    finally:
+        if collecting:
+            gc.enable()
     return own(owner, cudart.cudaGraphInstantiate(graph, 0), cudart.cudaGraphExecDestroy)
 
 

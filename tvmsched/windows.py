@@ -68,6 +68,24 @@ def one_reduction(sch: s_tir.Schedule) -> tuple[int, str] | None:
     return (reductions[0], kinds[reductions[0]]) if len(reductions) == 1 else None
 
 
+def inline_producers(sch: s_tir.Schedule, blocks, padding: bool = True) -> bool:
+    """Inline each of `blocks` that only moves data (copies, reshapes, and padding if `padding`); whether
+    all others were (padding left in memory counts as inlined)."""
+    inlined = True
+    for block in reversed(blocks):
+        stmt = sch.get(block)
+        if not padding and get_sblock_info(sch, block).is_data_pad(sch):
+            continue
+        moves_data = len(stmt.reads) == 1 and "R" not in get_sblock_info(sch, block).dom_kind()
+        try:
+            if not moves_data:
+                raise s_tir.ScheduleError("computes")
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            inlined = False
+    return inlined
+
+
 def is_window_kernel(function: tvm.tirx.PrimFunc) -> bool:
     return find_window(s_tir.Schedule(function)) is not None
 
