@@ -1,6 +1,7 @@
 """Window kernels (`tvmsched.windows`): which kernels are pools and depthwise convolutions, and the GPU rule
 order they get."""
 
+import math
 import shutil
 
 import pytest
@@ -94,3 +95,19 @@ def test_the_window_rule_compiles_for_cuda():
     spec = resolve_target("nvidia/nvidia-h100")
     scheduled = next(schedule_candidates(_depthwise_nhwc_half(), spec, []))[1]
     tvm.compile(tvm.IRModule({"main": scheduled}), target=spec.tvm_target)
+
+
+@pytest.mark.parametrize("shape, per_thread",
+                         [((16, 56, 56, 96), 8), ((1, 56, 56, 96), 2), ((1, 7, 7, 768), 1)])
+def test_a_thread_takes_neighbouring_outputs_where_enough_threads_remain(shape, per_thread):
+    """ConvNeXt's depthwise convolutions: at batch 16 a thread computes 8 outputs along w (each weight read
+    once for them) and 602,112 threads remain; fewer where fewer than 2^17 threads would (at batch 1 its
+    first stage's 301,056 outputs, 2 each; its last stage's 37,632, 1 each)."""
+    data = te.placeholder(shape, "float16", "data")
+    weight = te.placeholder((shape[3], 7, 7, 1), "float16", "weight")
+    out = topi.nn.conv(data, weight, 1, 3, 1, shape[3], "NHWC", "OHWI", out_dtype="float32")
+    function = te.create_prim_func([data, weight, out])
+    script = next(schedule_candidates(function, resolve_target("nvidia/nvidia-h100"), []))[1].script()
+    assert f"T.grid(7, 7, 1, {per_thread})" in script
+    blocks = -(-math.prod(shape) // per_thread // 256)
+    assert f'T.thread_binding({blocks}, thread="blockIdx.x")' in script

@@ -59,14 +59,13 @@ def capture(owner: ExitStack, stream, issue: Callable[[], None]):
     """An instantiated CUDA graph of what `issue()` issues on `stream` (and on the streams it forks from
     `stream`); the executable and its graph are destroyed when `owner` closes.
 
-    Python's garbage collector is run before and held off during the capture: a collection inside it ran
-    the finalizers of unreachable device tensors, whose cudaFree is illegal while this thread captures,
-    and TVM aborted the process (H100, the zoo's executors rebuilt one after another, in cuDNN's Python
-    code under `issue`)."""
+    Python's garbage collector is held off during the capture: a collection inside it ran the finalizers
+    of unreachable device tensors, whose cudaFree is illegal while this thread captures, and TVM aborted
+    the process (H100, the zoo's executors rebuilt one after another, in cuDNN's Python code under
+    `issue`). It is not run before each capture: timing dp's stages captures thousands of graphs."""
     cudart = runtime()
     mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
     collecting = gc.isenabled()
-    gc.collect()
     gc.disable()
     try:
         check(cudart.cudaStreamBeginCapture(stream, mode))

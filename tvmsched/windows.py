@@ -21,12 +21,14 @@ WINDOW = 64  # reduction elements per output at most
 @dataclass(frozen=True)
 class Window:
     """The reduction block of a window kernel, with its index among the root's blocks, its number of
-    spatial loops (the reduction loops follow them) and of tensors read."""
+    spatial loops (the reduction loops follow them), of tensors read, and which spatial loop the window
+    slides along innermost (neighbouring outputs along it read overlapping data: w in NCHW and NHWC)."""
 
     block: s_tir.schedule.SBlockRV
     index: int
     spatial: int
     reads: int
+    slide: int
 
 
 def find_window(sch: s_tir.Schedule) -> Window | None:
@@ -57,7 +59,11 @@ def find_window(sch: s_tir.Schedule) -> Window | None:
         data = None
     if data is None or not _indexed_by(data.region[-1], outputs):
         return None
-    return Window(block, index, spatial, len(reads))
+    sliding = [position for position, var in enumerate(outputs)
+               if any(_indexed_by(axis, [var]) and _indexed_by(axis, window) for axis in data.region)]
+    if not sliding or len(outputs) != spatial:
+        return None
+    return Window(block, index, spatial, len(reads), sliding[-1])
 
 
 def one_reduction(sch: s_tir.Schedule) -> tuple[int, str] | None:
