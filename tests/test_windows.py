@@ -111,3 +111,18 @@ def test_a_thread_takes_neighbouring_outputs_where_enough_threads_remain(shape, 
     assert f"T.grid(7, 7, 1, {per_thread})" in script
     blocks = -(-math.prod(shape) // per_thread // 256)
     assert f'T.thread_binding({blocks}, thread="blockIdx.x")' in script
+
+
+def test_in_nchw_a_thread_takes_one_output_and_large_kernels_keep_fallback():
+    """Sliding along the innermost axis (NCHW's w), 8 outputs a thread made neighbouring threads read 8
+    elements apart; above 2^20 outputs Fallback's schedule measured faster (H100)."""
+    spec = resolve_target("nvidia/nvidia-h100")
+    for shape, first in (((1, 96, 56, 56), "window"), ((16, 96, 56, 56), "Fallback")):
+        data = te.placeholder(shape, name="data")
+        weight = te.placeholder((96, 1, 7, 7), name="weight")
+        out = topi.nn.conv(data, weight, 1, 3, 1, 96, "NCHW", "OIHW")
+        function = te.create_prim_func([data, weight, out])
+        rule, scheduled = next(schedule_candidates(function, spec, []))
+        assert rule == first
+        if rule == "window":
+            assert "T.grid(1, 7, 7, 1)" in scheduled.script()  # rc, ry, rx, then one output
