@@ -228,5 +228,17 @@ def to_relax(proto: onnx.ModelProto, inputs: list[TensorSpec],
     check_operators(folded.proto)
     check_value_inputs(folded)
     module = import_model(folded, {spec.name: list(spec.shape) for spec in inputs},
-                          {spec.name: spec.dtype for spec in inputs}, default_opset(proto))
+                          {spec.name: spec.dtype for spec in inputs}, default_opset(proto),
+                          _rebound(proto, inputs))
     return accumulate_in_float32(module)
+
+
+def _rebound(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> str:
+    """Which inputs are bound to other dims than the model fixes ("input 'x' bound to 1x4x8x8 where the
+    model fixes 1x3x8x8"), "" where none is (symbolic dims may take any value)."""
+    declared = {value.name: _declared(value)[1] for value in graph_inputs(proto)}
+    changed = [f"input '{spec.name}' bound to {_format(spec.shape)} where the model fixes "
+               f"{_format(declared[spec.name])}" for spec in inputs
+               if any(isinstance(dim, int) and dim >= 0 and dim != bound
+                      for dim, bound in zip(declared[spec.name], spec.shape))]
+    return ", ".join(changed)
