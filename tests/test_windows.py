@@ -2,8 +2,10 @@
 order they get."""
 
 import math
+import re
 import shutil
 
+import numpy as np
 import pytest
 import tvm
 from tvm import te, topi
@@ -126,3 +128,57 @@ def test_in_nchw_a_thread_takes_one_output_and_large_kernels_keep_fallback():
         assert rule == first
         if rule == "window":
             assert "T.grid(1, 7, 7, 1)" in scheduled.script()  # rc, ry, rx, then one output
+
+
+def _without_threads(function):
+    """The window rule's schedule of `function` with its thread bindings left out, to run on the CPU."""
+    from tvm import s_tir
+
+    from tvmsched import gpu_schedules
+
+    bind, annotate = s_tir.Schedule.bind, s_tir.Schedule.annotate
+    s_tir.Schedule.bind = lambda self, loop, thread: None
+    s_tir.Schedule.annotate = lambda self, *args, **kwargs: None
+    try:
+        return gpu_schedules.window(function, resolve_target("nvidia/nvidia-h100").tvm_target).mod["main"]
+    finally:
+        s_tir.Schedule.bind, s_tir.Schedule.annotate = bind, annotate
+
+
+def _max_pool_nhwc():
+    """200 outputs, under one block of threads, and no epilogue: the write-back is the last store."""
+    data = te.placeholder((1, 10, 10, 8), name="data")
+    return te.create_prim_func([data, topi.nn.pool2d(data, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "max",
+                                                     layout="NHWC")])
+
+
+def _silu_gate():
+    """A depthwise convolution with SiLU and a per-channel gate broadcast over it."""
+    data, weight = te.placeholder((2, 6, 9, 9), name="data"), te.placeholder((6, 1, 3, 3), name="weight")
+    gate = te.placeholder((2, 6, 1, 1), name="gate")
+    out = topi.nn.conv(data, weight, 2, 1, 1, 6, "NCHW", "OIHW")
+    silu = topi.multiply(out, topi.sigmoid(out))
+    return te.create_prim_func([data, weight, gate, topi.multiply(silu, gate)])
+
+
+@pytest.mark.parametrize("function", [_max_pool_nhwc(), _pool(), _conv(8, 8, 8), _silu_gate(),
+                                      _depthwise_nhwc_half()])
+def test_the_window_rule_computes_what_the_kernel_computes(function):
+    """Its loops, without the thread bindings, on the CPU with bound checks, against the kernel as TVM
+    wrote it. A block is never wider than the outputs: the write-back of a kernel under one block of 256
+    threads had no guard, and its threads past the 200 outputs wrote past the end (which corrupted the
+    heap when run this way)."""
+    script = next(schedule_candidates(function, resolve_target("nvidia/nvidia-h100"), []))[1].script()
+    threads = int(re.search(r"T.thread_binding\((\d+), thread=\"threadIdx.x\"", script).group(1))
+    assert threads <= math.prod(int(dim) for dim in function.ty.params[-1].shape)
+    rng = np.random.default_rng(14)
+    arrays = [rng.standard_normal([int(dim) for dim in param.shape]).astype(str(param.dtype))
+              for param in function.ty.params]
+    outputs = []
+    for each in (function, _without_threads(function)):
+        with tvm.transform.PassContext(config={"tirx.instrument_bound_checkers": True}):
+            library = tvm.compile(tvm.IRModule({"main": each}), target="llvm")
+        tensors = [tvm.runtime.tensor(array) for array in arrays]
+        library["main"](*tensors)
+        outputs.append(tensors[-1].numpy())
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-3, atol=1e-3)

@@ -239,6 +239,6 @@ def _rebound(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> str:
     declared = {value.name: _declared(value)[1] for value in graph_inputs(proto)}
     changed = [f"input '{spec.name}' bound to {_format(spec.shape)} where the model fixes "
                f"{_format(declared[spec.name])}" for spec in inputs
-               if any(isinstance(dim, int) and dim >= 0 and dim != bound
+               if any(isinstance(dim, int) and dim > 0 and dim != bound
                       for dim, bound in zip(declared[spec.name], spec.shape))]
     return ", ".join(changed)

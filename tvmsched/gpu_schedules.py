@@ -57,7 +57,10 @@ def window(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Sche
                           max(1, outputs // MIN_THREADS))
     outer, inner = sch.split(spatial[found.slide], [None, per_thread])
     sch.reorder(*later, *window_loops, inner)  # each weight read once for the thread's outputs
-    blocks, threads = sch.split(sch.fuse(*spatial[:found.slide], outer, *later), [None, THREADS])
+    fused = sch.fuse(*spatial[:found.slide], outer, *later)
+    # a block of fewer threads where the kernel has fewer: the write-back `reverse_compute_at` makes is
+    # not guarded by the predicate of a block wider than the outputs (threads past them wrote past the end)
+    blocks, threads = sch.split(fused, [None, min(THREADS, int(sch.get(fused).extent))])
     sch.bind(blocks, "blockIdx.x")
     sch.bind(threads, "threadIdx.x")
     sch.annotate(threads, "pragma_auto_unroll_max_step", UNROLL)

@@ -12,7 +12,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
 from tvmsched.converters import CONVERTERS
-from tvmsched.errors import ShapeBindingError, TvmschedError, UnsupportedOperator
+from tvmsched.errors import TvmschedError, UnsupportedOperator
 from tvmsched.fold import FoldedModel
 from tvmsched.static_shapes import check_static_output
 
@@ -78,7 +78,7 @@ def import_model(model: FoldedModel, shapes: dict[str, list[int]], dtypes: dict[
                  opset: int, rebound: str = "") -> tvm.IRModule:
     """The Relax module of `model` with its inputs bound to `shapes` and `dtypes`, weights as constants.
     `rebound` says which inputs are bound to other dims than the model fixes: a node that then fails is
-    refused as a binding that does not fit, not as an operator to replace."""
+    refused naming that binding first, not only as an operator to replace."""
     proto = model.proto
     importer = _Importer(proto.graph, shapes, dtypes, keep_params_in_input=False, weights=model.weights)
     try:
@@ -90,11 +90,11 @@ def import_model(model: FoldedModel, shapes: dict[str, list[int]], dtypes: dict[
             raise
         text = str(error).strip()
         message = text.splitlines()[-1] if text else type(error).__name__
-        if rebound:
-            raise ShapeBindingError(f"{importer.where(opset)} cannot be imported with {rebound}: {message}; "
-                                    f"bind the dims the model fixes, or export it with these") from error
-        raise UnsupportedOperator(f"{importer.where(opset)} cannot be imported: {message}; replace it in "
-                                  f"the exporter or decompose it into supported ops") from error
+        fix = "replace it in the exporter or decompose it into supported ops"
+        if rebound:  # the likelier cause, but an operator may fail whatever the dims
+            fix = f"bind the dims the model fixes (if it fails with those too, {fix})"
+        raise UnsupportedOperator(f"{importer.where(opset)} cannot be imported"
+                                  f"{f' with {rebound}' if rebound else ''}: {message}; {fix}") from error
 
 
 def _end_open_blocks(builder: relax.BlockBuilder) -> None:

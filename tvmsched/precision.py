@@ -25,6 +25,7 @@ know, and inlined back afterwards.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 import tvm
@@ -35,6 +36,7 @@ from tvmsched.errors import UnsupportedOperator, check_choice
 PRECISIONS = ("fp32", "fp16")
 POLICY = "TMixedPrecisionPolicy"
 FOLLOW = 1  # TVM's MixedPrecisionPolicyKind.kFollow: an op computes in its inputs' type
+_POLICIES = threading.Lock()
 FOLLOWING = ("relax.nn.softmax", "relax.nn.log_softmax", "relax.take", "relax.gather_elements",
              "relax.gather_nd", "relax.flip", "relax.repeat", "relax.tile", "relax.tril", "relax.triu",
              "relax.where", "relax.max", "relax.min")
@@ -59,16 +61,19 @@ def in_precision(module: tvm.IRModule, precision: str) -> tvm.IRModule:
 
 @contextmanager
 def _policies_follow():
-    """Within: the ops of FOLLOWING that have no policy in TVM follow their inputs' type."""
-    ops = [tvm.ir.Op.get(name) for name in FOLLOWING]
-    ops = [op for op in ops if op.get_attr(POLICY) is None]
-    for op in ops:
-        op.set_attr(POLICY, FOLLOW)
-    try:
-        yield
-    finally:
-        for op in ops:
-            op.reset_attr(POLICY)
+    """Within: the ops of FOLLOWING that have no policy in TVM follow their inputs' type. The policies are
+    TVM's, for the whole process: one pass at a time sets and resets them."""
+    with _POLICIES:
+        ops = [op for op in map(tvm.ir.Op.get, FOLLOWING) if op.get_attr(POLICY) is None]
+        set_here = []
+        try:
+            for op in ops:
+                op.set_attr(POLICY, FOLLOW)
+                set_here.append(op)
+            yield
+        finally:
+            for op in set_here:
+                op.reset_attr(POLICY)
 
 
 def _te_calls_wrapped(module: tvm.IRModule) -> tvm.IRModule:
