@@ -28,13 +28,12 @@ class LoweredModule:
 
 def lower(module: tvm.IRModule) -> LoweredModule:
     """Legalize, fold constants and fuse `module`; every PrimFunc gets its global symbol."""
-    from tvmsched.tactics.recognize import Anchors, recognize
+    from tvmsched.tactics.recognize import ANCHOR_OPS, recognize
 
-    anchors, takes = Anchors(), {}
+    anchors, takes = LegalizedCalls(ANCHOR_OPS), LegalizedCalls(("relax.take",))
     module = relax.transform.DecomposeOpsForInference()(module)
-    module = relax.transform.LegalizeOps({**anchors.legalize_map(), **FLOAT32_INSIDE,
-                                          "relax.take": _recording_take(takes)})(module)
-    module = relax.transform.AnnotateTIROpPattern()(module)
+    module = relax.transform.LegalizeOps({**anchors.legalize_map(), **takes.legalize_map(),
+                                          **FLOAT32_INSIDE})(module)
     module = slice_constant_takes(fold_constant_calls(module), takes)
     module = tvm.transform.Sequential([relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
                                        relax.transform.FuseOps()])(module)
@@ -71,52 +70,62 @@ FLOAT32_INSIDE = {name: _float32_inside(name, op) for name, op in
 FOLD_TARGET = {"kind": "llvm", "opt-level": 0}  # each folded function runs once: compiling fast pays
 
 
-def _recording_take(axes: dict[str, int]):
-    """TVM's legalization of `take`, recording the axis of each PrimFunc it makes (by name)."""
-    legalize = tvm.ir.Op.get("relax.take").get_attr("FLegalize")
+class LegalizedCalls:
+    """The Relax calls of `ops` that LegalizeOps turned into PrimFuncs, by PrimFunc name: `legalize_map` is
+    LegalizeOps' `customize_legalize_map`, TVM's own legalization recording what it legalized."""
 
-    def recorded(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        legal = legalize(builder, call)
-        if is_call_tir(legal) and call.attrs.axis is not None:
-            axes[legal.args[0].name_hint] = int(call.attrs.axis) % len(call.args[0].ty.shape)
-        return legal
-    return recorded
+    def __init__(self, ops: tuple[str, ...]):
+        self.ops = ops
+        self.calls: dict[str, relax.Call] = {}
+
+    def legalize_map(self) -> dict:
+        return {name: self._recording(tvm.ir.Op.get(name).get_attr("FLegalize")) for name in self.ops}
+
+    def _recording(self, legalize):
+        def recorded(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+            legal = legalize(builder, call)
+            if is_call_tir(legal):
+                self.calls[legal.args[0].name_hint] = call
+            return legal
+        return recorded
 
 
-def slice_constant_takes(module: tvm.IRModule, axes: dict[str, int]) -> tvm.IRModule:
-    """`module` with each `take` at one constant index (`axes`: the takes' PrimFuncs and their axis) made
-    a plain slice of that index. TVM's take reads its index from a buffer, which makes it opaque to
-    FuseOps: a kernel of its own (ViT's query, key and value, picked out of one projection: 36 kernels).
-    Exported models compute such an index from the input's shape, so it is constant only once
+def slice_constant_takes(module: tvm.IRModule, takes: LegalizedCalls) -> tvm.IRModule:
+    """`module` with each `take` (`takes`: the Relax calls behind the takes' PrimFuncs) at one constant
+    index made a plain slice of that index. TVM's take reads its index from a buffer, which makes it
+    opaque to FuseOps: a kernel of its own (ViT's query, key and value, picked out of one projection: 36
+    kernels). Exported models compute such an index from the input's shape, so it is constant only once
     `fold_constant_calls` has run, after legalization."""
-    slicer = _SliceTakes(axes, module)
+    slicer = _SliceTakes(takes, module)
     main = slicer.visit_expr(module["main"])
     sliced = slicer.builder_.get()
     sliced["main"] = main
-    return relax.transform.DeadCodeElimination()(sliced)
+    return sliced
 
 
 @relax.expr_functor.mutator
 class _SliceTakes(relax.PyExprMutator):
-    def __init__(self, axes: dict[str, int], module: tvm.IRModule):
+    def __init__(self, takes: LegalizedCalls, module: tvm.IRModule):
         super().__init__(module)
-        self.axes = axes
+        self.takes = takes
 
     def visit_call_(self, op: relax.Call):
         call = super().visit_call_(op)
-        if not is_call_tir(call) or call.args[0].name_hint not in self.axes:
+        take = self.takes.calls.get(call.args[0].name_hint) if is_call_tir(call) else None
+        if take is None or take.attrs.axis is None:
             return call
         data, index = call.args[1].fields
         if isinstance(index, relax.Var):  # the folded index, bound to a variable
             index = self.lookup_binding(index)
         if not (isinstance(index, tvm.ir.Constant) and index.value.numpy().ndim == 0):
             return call
-        axis = self.axes[call.args[0].name_hint]
-        extent = int(data.ty.shape[axis])
-        at = int(index.value.numpy()) % extent if -extent <= int(index.value.numpy()) < extent else None
-        if at is None:
+        shape = [int(dim) for dim in data.ty.shape]
+        axis = int(take.attrs.axis) % len(shape)
+        at = int(index.value.numpy())
+        if not -shape[axis] <= at < shape[axis]:
             return call
-        picked = [dim for position, dim in enumerate(data.ty.shape) if position != axis]
+        at %= shape[axis]
+        picked = shape[:axis] + shape[axis + 1:]
         return self.builder_.call_te(
             lambda x: te.compute(picked, lambda *i: x[(*i[:axis], at, *i[axis:])], name="T_take"), data,
             primfunc_name_hint="take")

@@ -64,12 +64,12 @@ def _policies_follow():
     """Within: the ops of FOLLOWING that have no policy in TVM follow their inputs' type. The policies are
     TVM's, for the whole process: one pass at a time sets and resets them."""
     with _POLICIES:
-        ops = [op for op in map(tvm.ir.Op.get, FOLLOWING) if op.get_attr(POLICY) is None]
         set_here = []
         try:
-            for op in ops:
-                op.set_attr(POLICY, FOLLOW)
-                set_here.append(op)
+            for op in map(tvm.ir.Op.get, FOLLOWING):
+                if op.get_attr(POLICY) is None:
+                    op.set_attr(POLICY, FOLLOW)
+                    set_here.append(op)
             yield
         finally:
             for op in set_here:

@@ -6,7 +6,8 @@ inputs followed by a chain of pointwise ops, each reading the value so far (once
 and nothing else; the chain's end is the kernel's one output.
 
 - Anchors are known by provenance: LegalizeOps runs with wrappers of the default legalization of conv2d
-  and matmul (`Anchors`) that record the Relax call, with its attributes, behind each PrimFunc made.
+  and matmul (`lower.LegalizedCalls` of ANCHOR_OPS) that record the Relax call, with its attributes,
+  behind each PrimFunc made.
 - Epilogue ops are known by rebuilding: the callee's name proposes an op, whose default legalization for
   the same argument types must give a structurally equal PrimFunc. Provenance would miss some: TVM's ONNX
   Clip emits `topi.maximum` and `minimum` as TE, never as Relax ops.
@@ -21,7 +22,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from tvmsched.lower import is_call_tir, op_name
+from tvmsched.lower import LegalizedCalls, is_call_tir, op_name
 from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, Matmul, VendorOp
 
 FLOATS = ("float32", "float16", "bfloat16")
@@ -39,26 +40,7 @@ GELU = (("divide", math.sqrt(2), False), ("erf", None, False), ("add", 1.0, Fals
         ("multiply", 0.5, False))
 
 
-class Anchors:
-    """The Relax anchor calls that LegalizeOps turned into PrimFuncs, by PrimFunc name."""
-
-    def __init__(self):
-        self.calls: dict[str, relax.Call] = {}
-
-    def legalize_map(self) -> dict:
-        """LegalizeOps' `customize_legalize_map`: TVM's own legalization, recording what it legalized."""
-        return {name: self._recording(tvm.ir.Op.get(name).get_attr("FLegalize")) for name in ANCHOR_OPS}
-
-    def _recording(self, legalize):
-        def recorded(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-            legal = legalize(builder, call)
-            if is_call_tir(legal):
-                self.calls[legal.args[0].name_hint] = call
-            return legal
-        return recorded
-
-
-def recognize(module: tvm.IRModule, anchors: Anchors) -> dict[str, VendorOp]:
+def recognize(module: tvm.IRModule, anchors: LegalizedCalls) -> dict[str, VendorOp]:
     """The VendorOp of each kernel of fused `module` that a vendor library could compute, by the symbol of
     the PrimFunc that FuseTIR will make of it (a kernel called twice must be recognized alike)."""
     recognizer, found, refused = _Recognizer(module, anchors), {}, set()
@@ -96,7 +78,7 @@ def _steps(function: relax.Function) -> list[tuple]:
 
 
 class _Recognizer:
-    def __init__(self, module: tvm.IRModule, anchors: Anchors):
+    def __init__(self, module: tvm.IRModule, anchors: LegalizedCalls):
         self.module = module
         self.anchors = anchors
         self.identified: dict[str, str | None] = {}
