@@ -49,7 +49,7 @@ from tvmsched.graph import extract
 from tvmsched.layout import LAYOUTS
 from tvmsched.lower import kernel_module, lower
 from tvmsched.precision import PRECISIONS
-from tvmsched.rewrite import rewrite
+from tvmsched.rewrite import MERGES, rewrite
 from tvmsched.schedule import options_for
 from tvmsched.schedule.base import DEFAULT_STREAM_MAPPING, STREAM_MAPPINGS
 from tvmsched.target import device_name, resolve_target
@@ -75,6 +75,9 @@ def measure(case: str, args) -> dict:
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     row["implementations"] = model.graph.implementations()
+    if args.merge != "off":
+        row["merged_convolutions"] = list(model.meta.merged_convolutions)
+        row["merge_choices"] = [choice.to_json() for choice in model.meta.merge_choices]
     if reference is None:  # no PyTorch: check against tvmsched's own sequential kernels
         reference = model.reschedule("sequential", executor="sequential")(x)
     row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass
@@ -194,7 +197,8 @@ def _relax_vm_ms(proto, args, precision: str) -> float:
     the same log where tvmsched's build uses a record, dlight defaults elsewhere)."""
     spec = resolve_target(args.target)
     inputs = frontend.bind_input_shapes(proto)
-    lowered = lower(rewrite(frontend.to_relax(proto, inputs), precision, args.layout, args.merge).module)
+    merge = "all" if args.merge == "all" else "off"  # "auto"'s choice needs tvmsched's build
+    lowered = lower(rewrite(frontend.to_relax(proto, inputs), precision, args.layout, merge).module)
     module = tvm.IRModule(dict(lowered.module.functions), attrs=lowered.module.attrs)
     graph, _ = extract(lowered, [item.name for item in inputs])
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
@@ -292,8 +296,9 @@ def main() -> int:
     parser.add_argument("--untuned", action="store_true", help="build with no tuning log applied")
     parser.add_argument("--layout", choices=LAYOUTS, default="nchw",
                         help="tvmsched's convolution layout (tvmsched build --layout)")
-    parser.add_argument("--merge", action="store_true",
-                        help="merge tvmsched's convolutions reading one tensor (tvmsched build --merge)")
+    parser.add_argument("--merge", choices=MERGES, default="off",
+                        help="tvmsched's IOS-Merge (tvmsched build --merge); the Relax VM runs the model "
+                             "merged with all, unmerged otherwise")
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
                         help="tvmsched's schedulers to measure (dp is needed for the speedup)")
     parser.add_argument("--skip", nargs="+", choices=("torch_compile", "relax_vm"), default=[],

@@ -257,12 +257,23 @@ def test_constant_input_on_build_and_run(tmp_path, capsys, runtime_axes_model):
 def test_build_merge_reports_the_merged_convolutions_and_a_saved_build_refuses_it(saved, capsys):
     build = str(saved / "merged")
     assert main(["build", str(saved / "branchy.onnx"), "-o", build, "--batch", "1", "--target", "llvm",
-                 "--merge"]) == 0
+                 "--merge", "all"]) == 0
     # the branchy model's 3x3 and 1x1
     assert "merged 2 convolutions into 1, 0 matmuls into 0" in capsys.readouterr().err
     meta = json.loads((saved / "merged" / "meta.json").read_text())
-    assert meta["merge"] and meta["merged_convolutions"] == [2] and meta["merged_matmuls"] == []
-    assert "and --merge applies when compiling" in error_line(capsys, "run", build, "--merge")
+    assert meta["merge"] == "all" and meta["merged_convolutions"] == [2] and meta["merged_matmuls"] == []
+    assert "and --merge applies when compiling" in error_line(capsys, "run", build, "--merge", "auto")
+    assert "invalid choice: 'yes'" in error_line(capsys, "build", str(saved / "branchy.onnx"), "--merge",
+                                                 "yes")
+
+
+def test_build_merge_auto_prints_each_group_choice(saved, capsys):
+    assert main(["build", str(saved / "branchy.onnx"), "-o", str(saved / "auto"), "--batch", "1",
+                 "--target", "llvm", "--merge", "auto"]) == 0
+    err = capsys.readouterr().err
+    # the 1x1 padded to 3x3 does more work merged: the analytic cost keeps the pair apart
+    assert "2 convolutions of one tensor:" in err and "kept apart" in err
+    assert "merged 0 convolutions into 0" in err
 
 
 def test_tune_merge_tunes_the_merged_kernels(saved, monkeypatch):
@@ -277,8 +288,10 @@ def test_tune_merge_tunes_the_merged_kernels(saved, monkeypatch):
         lowered.extend(modules)
         raise Stop
     monkeypatch.setattr(tuning, "tune", tune)
-    for flags in ([], ["--merge"]):
+    for flags in ([], ["--merge", "all"], ["--merge", "auto"]):
         with pytest.raises(Stop):
             main(["tune", str(saved / "branchy.onnx"), "--batch", "1", "--target", "llvm",
                   "--log", str(saved / "logs"), *flags])
-    assert [sum("conv2d" in kinds for kinds in module.op_kinds.values()) for module in lowered] == [2, 1]
+    # auto tunes the kernels of both sides of its choice
+    convolutions = [sum("conv2d" in kinds for kinds in module.op_kinds.values()) for module in lowered]
+    assert convolutions == [2, 1, 2, 1]

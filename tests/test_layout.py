@@ -40,7 +40,7 @@ def test_merge_comes_first_and_composes_with_nhwc_and_fp16():
     x = np.random.default_rng(6).standard_normal((2, 3, 8, 8)).astype("float32")
     [expected] = onnxruntime_outputs(proto, {"input": x})
     for precision, tolerance in (("fp32", 1e-5), ("fp16", TOLERANCE)):
-        model = tvmsched.compile(proto, target="llvm", batch=2, merge=True, layout="nhwc",
+        model = tvmsched.compile(proto, target="llvm", batch=2, merge="all", layout="nhwc",
                                  precision=precision)
         assert model.meta.merged_convolutions == (2,)
         assert relative_error(model(x), expected) <= tolerance

@@ -1,4 +1,5 @@
-"""IOS-Merge (`tvmsched.merge`): convolutions, and matmuls, reading one tensor merged into one, on the CPU."""
+"""IOS-Merge (`tvmsched.merge`): convolutions, and matmuls, reading one tensor merged into one, on the CPU;
+with merge "auto", only the groups that `tvmsched.merge_choice` finds faster merged."""
 
 import numpy as np
 import pytest
@@ -8,8 +9,11 @@ from test_plan import assert_race_free
 
 import tvmsched
 from tvmsched import frontend
+from tvmsched.api import ModelMeta
 from tvmsched.graph import extract
 from tvmsched.lower import lower
+from tvmsched.merge import convolution_groups, merge_convolutions
+from tvmsched.merge_choice import MergeChoice, groups_module
 
 RNG = np.random.default_rng(7)
 
@@ -149,27 +153,32 @@ def random_inputs(model) -> dict[str, np.ndarray]:
             .astype("float32") for value in model.graph.input}
 
 
-@pytest.mark.parametrize("name", MERGED)
-def test_merged_convolutions_match_onnxruntime(name):
-    make, groups = MERGED[name]
-    model = make()
-    compiled = tvmsched.compile(model, target="llvm", merge=True)
-    assert compiled.meta.merge and compiled.meta.merged_convolutions == groups
-    assert conv_kernels(compiled.graph) == conv_kernels(unmerged_graph(model)) - sum(groups) + len(groups)
+def assert_runs_as_onnxruntime(compiled, model, schedules=("dp",)) -> None:
+    """`compiled` computes what onnxruntime computes for `model`, also under `schedules` (race-free)."""
     inputs = random_inputs(model)
     expected = onnxruntime_outputs(model, inputs)
     assert_matches(compiled.run(inputs), expected)
-    for schedule in ("greedy", "dp"):
+    for schedule in schedules:
         rescheduled = compiled.reschedule(schedule, cost="analytic")
         assert_race_free(rescheduled.graph, rescheduled.plan)
         assert_matches(rescheduled.run(inputs), expected)
 
 
+@pytest.mark.parametrize("name", MERGED)
+def test_merged_convolutions_match_onnxruntime(name):
+    make, groups = MERGED[name]
+    model = make()
+    compiled = tvmsched.compile(model, target="llvm", merge="all")
+    assert compiled.meta.merge == "all" and compiled.meta.merged_convolutions == groups
+    assert conv_kernels(compiled.graph) == conv_kernels(unmerged_graph(model)) - sum(groups) + len(groups)
+    assert_runs_as_onnxruntime(compiled, model, ("greedy", "dp"))
+
+
 @pytest.mark.parametrize("name", NOT_MERGED)
 def test_convolutions_that_must_not_merge(name):
     model = NOT_MERGED[name]()
-    compiled = tvmsched.compile(model, target="llvm", merge=True)
-    assert compiled.meta.merge and compiled.meta.merged_convolutions == ()
+    compiled = tvmsched.compile(model, target="llvm", merge="all")
+    assert compiled.meta.merge == "all" and compiled.meta.merged_convolutions == ()
     assert conv_kernels(compiled.graph) == conv_kernels(unmerged_graph(model)) == 2
     inputs = random_inputs(model)
     assert_matches(compiled.run(inputs), onnxruntime_outputs(model, inputs))
@@ -179,35 +188,112 @@ def test_convolutions_that_must_not_merge(name):
                                                     (lambda: gemms(third_weight_is_input=True), (2,), 3)])
 def test_matmuls_by_constants_of_one_input_merge(make, groups, kernels):
     model = make()
-    compiled = tvmsched.compile(model, target="llvm", merge=True)
+    compiled = tvmsched.compile(model, target="llvm", merge="all")
     assert compiled.meta.merged_matmuls == groups
     assert matmul_kernels(unmerged_graph(model)) == kernels
     assert matmul_kernels(compiled.graph) == kernels - sum(groups) + len(groups)
-    inputs = random_inputs(model)
-    expected = onnxruntime_outputs(model, inputs)
-    assert_matches(compiled.run(inputs), expected)
-    rescheduled = compiled.reschedule("dp", cost="analytic")
-    assert_race_free(rescheduled.graph, rescheduled.plan)
-    assert_matches(rescheduled.run(inputs), expected)
+    assert_runs_as_onnxruntime(compiled, model)
 
 
 def test_merge_is_off_by_default():
     compiled = tvmsched.compile(two_1x1(), target="llvm")
-    assert not compiled.meta.merge and conv_kernels(compiled.graph) == 2
+    assert compiled.meta.merge == "off" and conv_kernels(compiled.graph) == 2
 
 
 def test_saved_build_records_merge(tmp_path):
-    tvmsched.compile(fire(), target="llvm", merge=True).save(tmp_path / "build")
+    tvmsched.compile(fire(), target="llvm", merge="all").save(tmp_path / "build")
     loaded = tvmsched.load(tmp_path / "build")
-    assert loaded.meta.merge and loaded.meta.merged_convolutions == (2,)
+    assert loaded.meta.merge == "all" and loaded.meta.merged_convolutions == (2,)
 
 
 @pytest.mark.slow
 def test_squeezenet_merged_matches_unmerged():
     unmerged = tvmsched.compile("squeezenet", target="llvm", batch=1)
-    merged = tvmsched.compile("squeezenet", target="llvm", batch=1, merge=True)
+    merged = tvmsched.compile("squeezenet", target="llvm", batch=1, merge="all")
     assert merged.meta.merged_convolutions == (2,) * 8  # every fire module's two expands
     assert conv_kernels(merged.graph) == conv_kernels(unmerged.graph) - 8
     assert len(merged.graph.kernels) < len(unmerged.graph.kernels)
     inputs = unmerged.random_inputs()
     assert_matches(merged.run(inputs), unmerged.run(inputs))
+
+
+def two_groups():
+    """Two groups: two 1x1 convolutions of x, and two padded 3x3 ones of relu(x), each pair concatenated."""
+    nodes = [conv(["x", "w1"], "a"), conv(["x", "w2"], "b"), helper.make_node("Relu", ["x"], ["r"]),
+             conv(["r", "w3", "b3"], "c", pads=[1, 1, 1, 1]), conv(["r", "w4"], "d", pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b", "c", "d"], ["y"], axis=1)]
+    return make_model(nodes, [tensor("x", [1, 6, 8, 8])], [tensor("y", [1, 20, 8, 8])],
+                      {"w1": weight(8, 6, 1, 1), "w2": weight(4, 6, 1, 1), "w3": weight(5, 6, 3, 3),
+                       "b3": weight(5), "w4": weight(3, 6, 3, 3)})
+
+
+def test_groups_module_keeps_each_member_with_the_epilogue_it_fuses_with():
+    model = three_3x3_epilogues()
+    module = frontend.to_relax(model, frontend.bind_input_shapes(model))
+    groups = convolution_groups(module)
+    graph, _ = extract(lower(groups_module(module, groups)), ["group0"])
+    full = unmerged_graph(model)
+    # the members' kernels are the model's convolution kernels, epilogues fused: their tuning records apply
+    assert sorted(kernel.workload for kernel in graph.kernels) == sorted(
+        kernel.workload for kernel in full.kernels if "conv2d" in kernel.op_kinds)
+    assert [tuple(output.shape) for output in graph.outputs] == [(1, 8, 6, 6), (1, 4, 6, 6), (1, 6, 6, 6)]
+
+
+def test_groups_are_costed_apart_each_on_a_parameter_of_its_own():
+    model = two_groups()
+    module = frontend.to_relax(model, frontend.bind_input_shapes(model))
+    groups = convolution_groups(module)
+    members = groups_module(module, groups)
+    merged, sizes = merge_convolutions(members)
+    assert sizes == (2, 2)
+    for part in (members, merged):
+        graph, _ = extract(lower(part), ["group0", "group1"])
+        first, second = graph.reading("group0"), graph.reading("group1")
+        assert first and second and not set(first) & set(second)
+        assert sorted(first + second) == [kernel.id for kernel in graph.kernels]
+
+
+def test_auto_merges_the_groups_whose_merged_module_is_faster(monkeypatch):
+    from tvmsched import api
+
+    model = two_groups()
+    groups = convolution_groups(frontend.to_relax(model, frontend.bind_input_shapes(model)))
+    pointwise = [group[0].weight.shape[2] == 1 for group in groups]
+
+    def latencies(module, *args) -> tuple[float, ...]:
+        """Merging the 1x1 pair pays, merging the 3x3 pair does not."""
+        merged = module["main"].script().count("R.nn.conv2d(") == 2
+        return tuple((1.0 if merged else 2.0) if one else (3.0 if merged else 2.0) for one in pointwise)
+    monkeypatch.setattr(api, "alternative_ms", latencies)
+    compiled = tvmsched.compile(model, target="llvm", merge="auto")
+    assert set(compiled.meta.merge_choices) == {MergeChoice(2, 2.0, 1.0), MergeChoice(2, 2.0, 3.0)}
+    assert compiled.meta.merged_convolutions == (2,)
+    assert conv_kernels(compiled.graph) == 3
+    assert any(kernel.outputs[0].shape[1] == 12 for kernel in compiled.graph.kernels  # the 1x1 pair's
+               if "conv2d" in kernel.op_kinds)
+    assert_runs_as_onnxruntime(compiled, model)
+
+
+def assert_two_choices_made(meta) -> tuple[MergeChoice, ...]:
+    """`meta` (of `two_groups` built with merge "auto") holds two timed choices and merged as they say."""
+    choices = meta.merge_choices
+    assert len(choices) == 2 and all(choice.members_ms > 0 and choice.merged_ms > 0 for choice in choices)
+    assert meta.merged_convolutions == tuple(choice.members for choice in choices if choice.merged)
+    return choices
+
+
+def test_auto_without_a_gpu_chooses_by_the_analytic_cost_and_the_build_records_it(tmp_path):
+    model = two_groups()
+    compiled = tvmsched.compile(model, target="llvm", merge="auto")
+    choices = assert_two_choices_made(compiled.meta)
+    inputs = random_inputs(model)
+    assert_matches(compiled.run(inputs), onnxruntime_outputs(model, inputs))
+    compiled.save(tmp_path / "build")
+    loaded = tvmsched.load(tmp_path / "build")
+    assert loaded.meta.merge == "auto" and loaded.meta.merge_choices == choices
+
+
+def test_builds_before_merge_modes_load_with_theirs():
+    meta = tvmsched.compile(two_1x1(), target="llvm").meta.to_json()
+    for recorded, mode in ((True, "all"), (False, "off")):
+        assert ModelMeta.from_json({**meta, "merge": recorded}).merge == mode

@@ -11,8 +11,8 @@ import tvmsched
 
 pytestmark = pytest.mark.gpu
 
-REWRITES = {"fp16": dict(precision="fp16"), "nhwc": dict(layout="nhwc"), "merge": dict(merge=True),
-            "all": dict(precision="fp16", layout="nhwc", merge=True)}
+REWRITES = {"fp16": dict(precision="fp16"), "nhwc": dict(layout="nhwc"), "merge": dict(merge="all"),
+            "merge_auto": dict(merge="auto"), "all": dict(precision="fp16", layout="nhwc", merge="all")}
 
 
 @pytest.fixture(autouse=True)
@@ -34,3 +34,14 @@ def test_rewritten_builds_match_onnxruntime_on_cuda(make, rewrite, kernels):
             rescheduled = model.reschedule(schedule, max_streams=4, executor=executor)
             for _ in range(2):
                 assert relative_error(rescheduled(x), expected) <= tolerance
+
+
+def test_merge_auto_times_each_group_on_the_gpu():
+    from test_merge import assert_two_choices_made, random_inputs, two_groups
+
+    proto = two_groups()
+    model = tvmsched.compile(proto, target="cuda", merge="auto")
+    assert_two_choices_made(model.meta)
+    inputs = random_inputs(proto)
+    [expected] = onnxruntime_outputs(proto, inputs)
+    assert relative_error(model.reschedule("dp")(inputs), expected) <= 1e-5

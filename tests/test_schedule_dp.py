@@ -74,6 +74,15 @@ def test_dp_equals_brute_force_on_small_dags(seed):
     assert_race_free(graph, make_plan(graph, list(schedule.order), "dp"))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_part_latency_of_a_whole_graph_equals_brute_force(seed):
+    graph = random_graph(num_kernels=5 + seed, seed=300 + seed, max_inputs=2)
+    cost = AnalyticCost(graph)
+    scheduler = create_scheduler("dp", max_streams=3, max_group_size=2, max_groups=3)
+    everything = [kernel.id for kernel in graph.kernels]
+    assert scheduler.part_latency(graph, everything, cost) == pytest.approx(brute_force(graph, cost, 2, 3))
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_dp_never_worse_than_greedy_or_sequential_on_random_graphs(seed):
     graph = random_graph(num_kernels=30, seed=seed)

@@ -27,10 +27,11 @@ from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.layout import LAYOUTS
-from tvmsched.lower import kernel_module, lower
+from tvmsched.lower import LoweredModule, kernel_module, lower
+from tvmsched.merge_choice import MergeChoice
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.precision import PRECISIONS
-from tvmsched.rewrite import rewrite
+from tvmsched.rewrite import MERGES, rewrite
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics.select import MODES, Selection, select_tactics
 from tvmsched.target import (
@@ -64,9 +65,10 @@ class ModelMeta:
     constant_inputs: tuple[ConstantInput, ...] = ()
     precision: str = "fp32"  # "fp16": float16 with float32 accumulation (builds before it are fp32)
     layout: str = "nchw"  # of the convolutions: "nhwc" is channels-last (builds before it are nchw)
-    merge: bool = False  # whether convolutions and matmuls reading one tensor were merged (`tvmsched.merge`)
+    merge: str = "off"  # which convolutions and matmuls reading one tensor were merged (`rewrite.MERGES`)
     merged_convolutions: tuple[int, ...] = ()  # how many convolutions each merged one replaced
     merged_matmuls: tuple[int, ...] = ()  # how many matmuls each merged one replaced
+    merge_choices: tuple[MergeChoice, ...] = ()  # with merge "auto", what each group measured
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
@@ -77,7 +79,8 @@ class ModelMeta:
                 "constant_inputs": [constant.to_json() for constant in self.constant_inputs],
                 "precision": self.precision, "layout": self.layout,
                 "merge": self.merge, "merged_convolutions": list(self.merged_convolutions),
-                "merged_matmuls": list(self.merged_matmuls)}
+                "merged_matmuls": list(self.merged_matmuls),
+                "merge_choices": [choice.to_json() for choice in self.merge_choices]}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -90,8 +93,14 @@ class ModelMeta:
                    tuple(data.get("fallbacks", {}).items()),
                    tuple(ConstantInput.from_json(constant) for constant in data.get("constant_inputs", ())),
                    data.get("precision", "fp32"), data.get("layout", "nchw"),
-                   data.get("merge", False), tuple(data.get("merged_convolutions", ())),
-                   tuple(data.get("merged_matmuls", ())))
+                   _merge_mode(data.get("merge", "off")), tuple(data.get("merged_convolutions", ())),
+                   tuple(data.get("merged_matmuls", ())),
+                   tuple(MergeChoice.from_json(choice) for choice in data.get("merge_choices", ())))
+
+
+def _merge_mode(recorded: str | bool) -> str:
+    """The merge mode a meta.json records; builds before "auto" recorded whether all were merged."""
+    return {True: "all", False: "off"}.get(recorded, recorded) if isinstance(recorded, bool) else recorded
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -109,7 +118,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
             constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto",
-            precision: str = "fp32", layout: str = "nchw", merge: bool = False,
+            precision: str = "fp32", layout: str = "nchw", merge: str = "off",
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -130,8 +139,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `precision` "fp16" computes in float16 with float32 accumulation (`tvmsched.precision`); inputs and
     outputs keep the model's dtypes. `layout` "nhwc" computes convolutions channels-last (`tvmsched.layout`).
 
-    `merge` merges the convolutions, and the matmuls, that read the same tensor into one each
-    (`tvmsched.merge`).
+    `merge` "all" merges the convolutions, and the matmuls, that read the same tensor into one each
+    (`tvmsched.merge`); "auto" merges a group of convolutions only where its merged kernels, compiled and
+    scheduled as the model's, are faster than its members (timed on the GPU, else by the analytic cost;
+    `tvmsched.merge_choice`); "off" merges nothing.
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -139,6 +150,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     check_choice("kernel choice", kernels, MODES)
     check_choice("precision", precision, PRECISIONS)
     check_choice("layout", layout, LAYOUTS)
+    check_choice("merge", merge, MERGES)
     if kernels == "vendor" and not _has_gpu(spec):
         raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA target and "
                           "its GPU; use --kernels tvm (or auto) here")
@@ -148,17 +160,18 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     inputs = frontend.bind_input_shapes(proto, batch, input_shapes, constant_inputs)
     progress("importing ONNX into Relax")
     relax_module = frontend.to_relax(proto, inputs, constant_inputs)
-    progress("rewriting (" + ", ".join([precision, layout] + ["merge"] * merge) + ")")
-    merged = rewrite(relax_module, precision, layout, merge)
+    logs = build_logs(spec, tuning_log) if tuned else []
+    progress("rewriting (" + ", ".join([precision, layout] + [f"merge {merge}"] * (merge != "off")) + ")")
+
+    def group_latencies(module: tvm.IRModule) -> tuple[float, ...]:
+        progress("choosing the convolutions to merge (each group timed merged and not)")
+        return alternative_ms(module, spec, logs, kernels)
+    merged = rewrite(relax_module, precision, layout, merge, group_latencies)
     progress("lowering and fusing")
     lowered = lower(merged.module)
     graph, constants = extract(lowered, [spec.name for spec in inputs])
-    logs = build_logs(spec, tuning_log) if tuned else []
     progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
-    workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
-    with applied(logs, workloads) as (database, keep_default, used):
-        built = build_library(kernel_module(lowered), spec, database, keep_default)
-    graph = graph.with_workspace(built.workspace)
+    built, graph, used = _compiled_kernels(lowered, graph, spec, logs)
     output_names = [value.name for value in proto.graph.output]
     outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
                     for name, tensor in zip(output_names, graph.outputs))
@@ -166,7 +179,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
                      ", ".join(str(log.directory) for log in used) or None, built.kernels_hash,
                      tuple(sorted(built.fallbacks.items())),
                      tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
-                     precision, layout, merge, merged.convolutions, merged.matmuls)
+                     precision, layout, merge, merged.convolutions, merged.matmuls, merged.choices)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
     sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
@@ -179,6 +192,41 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         return model
     progress(f"scheduling ({schedule})")
     return model.reschedule(schedule, max_streams, executor, cost, **schedule_options)
+
+
+def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSpec, logs: list):
+    """The library of `lowered`'s kernels with schedules from `logs` where they have records, `graph` with
+    the kernels' workspace, and the logs used."""
+    workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
+    with applied(logs, workloads) as (database, keep_default, used):
+        built = build_library(kernel_module(lowered), spec, database, keep_default)
+    return built, graph.with_workspace(built.workspace), used
+
+
+def alternative_ms(module: tvm.IRModule, spec: TargetSpec, logs: list, kernels: str) -> tuple[float, ...]:
+    """Per parameter of a rewritten `module`'s `main` (the groups of a merge choice), dp's stage sum (ms)
+    for the kernels that depend on it: its kernels compiled and chosen (`kernels`) as a model's and its
+    stages timed on the GPU; without the GPU, the analytic cost's model of its uncompiled kernels."""
+    lowered = lower(module)
+    names = [param.name for param in module["main"].params]
+    graph, constants = extract(lowered, names)
+    if not _has_gpu(spec):
+        return _part_latencies(graph, names, AnalyticCost(graph))
+    built, graph, _ = _compiled_kernels(lowered, graph, spec, logs)
+    meta = ModelMeta((), (), spec, tvm.__version__, kernels_hash=built.kernels_hash)
+    context = {"target": spec.key, "device": target_device_name(spec), "batch": graph.inputs[0].shape[0]}
+    plan = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
+    model = CompiledModel(built.executable, graph, plan, constants, meta)
+    selection = choose_tactics(model, kernels, lambda stage: None)
+    model = CompiledModel(built.executable, selection.graph, plan, constants, meta)
+    with model.cost_model("measured") as cost:
+        return _part_latencies(model.graph, names, cost)
+
+
+def _part_latencies(graph: KernelGraph, input_names: list[str], cost: CostModel) -> tuple[float, ...]:
+    """Per graph input, dp's stage sum for the kernels that depend on it (`part_latency`)."""
+    scheduler = create_scheduler("dp", time_orders=False)
+    return tuple(scheduler.part_latency(graph, graph.reading(name), cost) for name in input_names)
 
 
 def choose_tactics(model: CompiledModel, kernels: str, progress: Callable[[str], None]) -> Selection:

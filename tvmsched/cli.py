@@ -23,6 +23,7 @@ from tvmsched.errors import InputError, OutputError, TvmschedError, UsageError
 from tvmsched.frontend import parse_input_shape
 from tvmsched.layout import LAYOUTS
 from tvmsched.precision import PRECISIONS
+from tvmsched.rewrite import MERGES
 from tvmsched.tuning.tune import CONCURRENT, COST_MODELS, SEARCH_STRATEGIES, TuneOptions
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -271,11 +272,12 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="bind one input to a value when the model is built (repeatable): it becomes a "
                              "constant, no longer an input; needed where an input's value decides a shape "
                              "(a Reshape's shape, a ReduceSum's axes, ...)")
-    parser.add_argument("--merge", action="store_true",
-                        help="merge the convolutions that read the same tensor (same strides, dilation, "
-                             "output size; kernels that fit one window) into one convolution each, as "
-                             "IOS-Merge, and the matmuls by constants that share an input: fewer, larger "
-                             "kernels")
+    parser.add_argument("--merge", choices=MERGES, default=None,
+                        help="IOS-Merge: convolutions that read the same tensor (same strides, dilation, "
+                             "output size; kernels that fit one window) become one convolution: all merges "
+                             "every such group (and the matmuls by constants that share an input), auto "
+                             "only the groups that run faster merged, each timed merged and not on the GPU "
+                             "(the analytic cost without one), off none (default off)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -362,7 +364,7 @@ def _compiled(args):
                                  input_shapes=shapes, schedule=schedule, executor=args.executor,
                                  tuning_log=args.log, tuned=not args.untuned, constant_inputs=constants,
                                  kernels=args.kernels or "auto", precision=args.precision or "fp32",
-                                 layout=args.layout or "nchw", merge=args.merge, **options,
+                                 layout=args.layout or "nchw", merge=args.merge or "off", **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
@@ -371,8 +373,11 @@ def _compiled(args):
                   f"in {model.meta.precision}, {model.meta.layout} ({tuned}), "
                   f"{model.plan.num_streams} stream(s), "
                   f"{model.plan.memory.activation_bytes / 2**20:.1f} MiB of activations")
-    if model.meta.merge:
+    if model.meta.merge != "off":
         convolutions, matmuls = model.meta.merged_convolutions, model.meta.merged_matmuls
+        for choice in model.meta.merge_choices:
+            console.print(f"  {choice.members} convolutions of one tensor: {choice.members_ms:.4f} ms, "
+                          f"merged {choice.merged_ms:.4f} ms: {'merged' if choice.merged else 'kept apart'}")
         console.print(f"  merged {sum(convolutions)} convolutions into {len(convolutions)}, {sum(matmuls)} "
                       f"matmuls into {len(matmuls)}")
     for symbol, why in model.meta.fallbacks:
@@ -565,7 +570,8 @@ def _tune(args) -> None:
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
             module = frontend.to_relax(proto, inputs, constants)
-            modules.append(lower(rewrite(module, args.precision, args.layout, args.merge).module))
+            modules += [lower(rewrite(module, args.precision, args.layout, merge).module)
+                        for merge in _tuned_merges(args.merge)]
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:
@@ -586,6 +592,11 @@ def _tune(args) -> None:
                   f"log {log.directory}")
     for message in result.messages:
         console.print(f"  failure: {message}")
+
+
+def _tuned_merges(merge: str | None) -> tuple[str, ...]:
+    """The merges whose kernels `tune --merge` tunes: auto chooses per group when building, so both."""
+    return {"auto": ("off", "all"), None: ("off",)}.get(merge, (merge,))
 
 
 def _tune_reporter(bar, row, trials: int):

@@ -157,6 +157,15 @@ class KernelGraph:
         """Ids of the kernels whose outputs `kernel_id` reads."""
         return {tensor.producer for tensor in self.kernels[kernel_id].inputs if tensor.kind == "kernel"}
 
+    def reading(self, input_name: str) -> list[int]:
+        """Ids, in order, of the kernels that depend on graph input `input_name`, directly or not."""
+        found: set[int] = set()
+        for kernel in self.kernels:
+            if any(tensor.kind == "input" and tensor.name == input_name for tensor in kernel.inputs) or (
+                    self.dependencies(kernel.id) & found):
+                found.add(kernel.id)
+        return sorted(found)
+
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "kernels": [kernel.to_json() for kernel in self.kernels],
                 "inputs": [tensor.to_json() for tensor in self.inputs],

@@ -22,6 +22,7 @@ right operands and biases bound to variables only, so constant ones are bound fi
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,15 +32,16 @@ from tvm import relax
 
 @dataclass(frozen=True)
 class Merged:
-    """A module after merging, and for each merged convolution (matmul) how many it replaced."""
+    """A module after merging, for each merged convolution (matmul) how many it replaced, and the choices."""
 
     module: tvm.IRModule
     convolutions: tuple[int, ...] = ()
     matmuls: tuple[int, ...] = ()
+    choices: tuple = ()  # with --merge auto, a `merge_choice.MergeChoice` per group that could merge
 
 
 @dataclass(frozen=True)
-class _Convolution:
+class Convolution:
     """One mergeable `conv2d` binding: its variable, call and weights (OIHW)."""
 
     var: relax.Var
@@ -107,21 +109,36 @@ def merge_parallel(module: tvm.IRModule) -> Merged:
     return Merged(module, convolutions, matmuls)
 
 
-def merge_convolutions(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
-    """`module` with the convolutions of `main` that read one tensor merged, and the size of each group."""
+def convolution_groups(module: tvm.IRModule) -> list[list[Convolution]]:
+    """The groups of convolutions of `main` that `merge_convolutions` would merge, in its order."""
+    constants = _bound_constants(module["main"])
+    return [group for block in module["main"].body.blocks for group in _block_groups(block, constants)]
+
+
+def merge_convolutions(module: tvm.IRModule, keep: Callable[[int], bool] = lambda index: True
+                       ) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """`module` with the convolutions of `main` that read one tensor merged, those of the groups whose index
+    (in `convolution_groups`' order) `keep` accepts, and the size of each group merged."""
     main = module["main"]
     constants = _bound_constants(main)
-    blocks, groups = [], []
+    blocks, sizes, index = [], [], 0
     for block in main.body.blocks:
-        bindings, merged = _merge_block(block, constants)
+        var_type = relax.DataflowVar if isinstance(block, relax.DataflowBlock) else relax.Var
+        replacements = {}
+        for group in _block_groups(block, constants):
+            if keep(index):
+                replacements.update(_merged_bindings(group, var_type))
+                sizes.append(len(group))
+            index += 1
+        bindings = [replaced for binding in block.bindings
+                    for replaced in replacements.get(binding.var.__chandle__(), [binding])]
         blocks.append(type(block)(bindings))
-        groups += merged
-    if not groups:
+    if not sizes:
         return module, ()
     module = tvm.IRModule(dict(module.functions), attrs=module.attrs)
     module["main"] = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty,
                                     main.is_pure, main.attrs)
-    return module, tuple(groups)
+    return module, tuple(sizes)
 
 
 def merge_matmuls(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
@@ -184,27 +201,18 @@ def _bound_constants(main: relax.Function) -> dict:
             for binding in block.bindings if isinstance(binding.value, tvm.ir.Constant)}
 
 
-def _merge_block(block, constants: dict) -> tuple[list, list[int]]:
-    """The bindings of `block` with its mergeable convolutions merged, and the size of each group."""
-    var_type = relax.DataflowVar if isinstance(block, relax.DataflowBlock) else relax.Var
+def _block_groups(block, constants: dict) -> list[list[Convolution]]:
+    """The groups of mergeable convolutions of `block`, each of two or more."""
     by_key = {}
     for binding in block.bindings:
         convolution = _mergeable(binding, constants)
         if convolution is not None:
             by_key.setdefault(convolution.key, []).append(convolution)
-    replacements, groups = {}, []
-    for candidates in by_key.values():
-        for group in _compatible_groups(candidates):
-            replacements.update(_merged_bindings(group, var_type))
-            groups.append(len(group))
-    bindings = []
-    for binding in block.bindings:
-        bindings += replacements.get(binding.var.__chandle__(), [binding])
-    return bindings, groups
+    return [group for candidates in by_key.values() for group in _compatible_groups(candidates)]
 
 
-def _mergeable(binding, constants: dict) -> _Convolution | None:
-    """The binding as a `_Convolution` if it is a conv2d this pass can merge."""
+def _mergeable(binding, constants: dict) -> Convolution | None:
+    """The binding as a `Convolution` if it is a conv2d this pass can merge."""
     call = binding.value
     if not (isinstance(binding, relax.VarBinding) and isinstance(call, relax.Call)
             and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
@@ -214,10 +222,10 @@ def _mergeable(binding, constants: dict) -> _Convolution | None:
     if not (isinstance(data, relax.Var) and isinstance(weight, tvm.ir.Constant) and attrs.groups == 1
             and (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NCHW", "OIHW", "NCHW")):
         return None
-    return _Convolution(binding.var, call, weight.value.numpy())
+    return Convolution(binding.var, call, weight.value.numpy())
 
 
-def _compatible_groups(candidates: list[_Convolution]) -> list[list[_Convolution]]:
+def _compatible_groups(candidates: list[Convolution]) -> list[list[Convolution]]:
     """`candidates` (of one key) split into groups whose windows line up, in program order; groups of two
     or more."""
     groups = []
@@ -230,7 +238,7 @@ def _compatible_groups(candidates: list[_Convolution]) -> list[list[_Convolution
     return [group for group in groups if len(group) > 1]
 
 
-def _windows(group: list[_Convolution]) -> tuple[_Window, _Window] | None:
+def _windows(group: list[Convolution]) -> tuple[_Window, _Window] | None:
     """The merged windows along height and width, or None if the group's kernels do not fit the kernel of
     one of them (a 1x3 and a 3x1 would both grow to 3x3: three times their work)."""
     windows = tuple(_Window.of([conv.window(axis) for conv in group], group[0].dilation[axis])
@@ -241,7 +249,7 @@ def _windows(group: list[_Convolution]) -> tuple[_Window, _Window] | None:
     return windows
 
 
-def _merged_bindings(group: list[_Convolution], var_type: type) -> dict:
+def _merged_bindings(group: list[Convolution], var_type: type) -> dict:
     """For each member's variable (by object), the bindings that replace its own: the first member's
     binding becomes the merged convolution and its slice, the others' their slices."""
     windows = _windows(group)

@@ -3,17 +3,32 @@ float32 NCHW convolutions with constant weights, as imported), then the precisio
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tvm
 
 from tvmsched.layout import in_layout
 from tvmsched.merge import Merged, merge_parallel
+from tvmsched.merge_choice import choose_merges, merge_chosen
 from tvmsched.precision import in_precision
 
+MERGES = ("off", "all", "auto")
 
-def rewrite(module: tvm.IRModule, precision: str = "fp32", layout: str = "nchw",
-            merge: bool = False) -> Merged:
-    """`module` (as `frontend.to_relax` imports it) merged where `merge` (`tvmsched.merge`), computing in
-    `precision` (`tvmsched.precision`) with its convolutions in `layout` (`tvmsched.layout`)."""
-    merged = merge_parallel(module) if merge else Merged(module)
-    return Merged(in_layout(in_precision(merged.module, precision), layout), merged.convolutions,
-                  merged.matmuls)
+
+def rewrite(module: tvm.IRModule, precision: str = "fp32", layout: str = "nchw", merge: str = "off",
+            latencies: Callable[[tvm.IRModule], tuple[float, ...]] | None = None) -> Merged:
+    """`module` (as `frontend.to_relax` imports it) merged as `merge` says (`tvmsched.merge`: "all" every
+    group, "auto" the groups that `latencies` finds faster merged, `tvmsched.merge_choice`; `latencies`
+    takes modules rewritten in `precision` and `layout`), computing in `precision`
+    (`tvmsched.precision`) with its convolutions in `layout` (`tvmsched.layout`)."""
+    def rewritten(part: tvm.IRModule) -> tvm.IRModule:
+        return in_layout(in_precision(part, precision), layout)
+
+    if merge == "all":
+        merged = merge_parallel(module)
+    elif merge == "auto":
+        choices = choose_merges(module, lambda part: latencies(rewritten(part)))
+        merged = Merged(*merge_chosen(module, choices), choices=choices)
+    else:
+        merged = Merged(module)
+    return Merged(rewritten(merged.module), merged.convolutions, merged.matmuls, merged.choices)

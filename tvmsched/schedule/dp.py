@@ -75,6 +75,13 @@ class DynamicProgrammingScheduler(Scheduler):
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return replace(chosen, stats={**chosen.stats, **self.stats})
 
+    def part_latency(self, graph: KernelGraph, kernels: list[int], cost: CostModel) -> float:
+        """The stage sum of the better of dp's searched stages and greedy's for `kernels` alone (ids in order,
+        closed under their producers in `graph` but for graph inputs), as for one part of a graph."""
+        self.cost = cost
+        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0}
+        return min(_latency(stages, cost) for stages in self._part_options(graph, kernels, cost))
+
     def parts(self, graph: KernelGraph, block: list[int]) -> list[list[int]]:
         """`block` split until no part has more than max_states sets to search."""
         if len(block) == 1 or _BlockSearch(graph, block, None, self).states_within(self.max_states):
