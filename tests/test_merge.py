@@ -62,8 +62,29 @@ def fire(stride: int = 1):
                       {"w1": weight(8, 4, 1, 1), "b1": weight(8), "w3": weight(8, 4, 3, 3), "b3": weight(8)})
 
 
+def shared_epilogues():
+    """Two 1x1 convolutions of x with a bias, a batch norm and a relu each, then a bias over every pixel
+    (not per channel); one continues into a 3x3 convolution."""
+    nodes = []
+    for branch in "ab":
+        nodes += [conv(["x", f"w{branch}", f"b{branch}"], f"c{branch}"),
+                  helper.make_node("BatchNormalization", [f"c{branch}", *(f"{name}{branch}" for name in (
+                      "scale", "shift", "mean", "variance"))], [f"n{branch}"]),
+                  helper.make_node("Relu", [f"n{branch}"], [f"r{branch}"]),
+                  helper.make_node("Add", [f"r{branch}", f"p{branch}"], [f"e{branch}"])]
+    nodes += [conv(["ea", "w3"], "ya", pads=[1, 1, 1, 1]), helper.make_node("Identity", ["eb"], ["yb"])]
+    weights = {"w3": weight(3, 6, 3, 3)}
+    for branch, width in (("a", 6), ("b", 4)):
+        weights |= {f"w{branch}": weight(width, 5, 1, 1), f"b{branch}": weight(width),
+                    f"p{branch}": weight(1, width, 6, 6),
+                    **{f"{name}{branch}": value for name, value in batch_norm(width).items()}}
+    outputs = [tensor("ya", [1, 3, 6, 6]), tensor("yb", [1, 4, 6, 6])]
+    return make_model(nodes, [tensor("x", [1, 5, 6, 6])], outputs, weights)
+
+
 MERGED = {"two_1x1": (two_1x1, (2,)), "three_3x3_epilogues": (three_3x3_epilogues, (3,)),
-          "fire": (fire, (2,)), "fire_stride_2": (lambda: fire(stride=2), (2,))}
+          "fire": (fire, (2,)), "fire_stride_2": (lambda: fire(stride=2), (2,)),
+          "shared_epilogues": (shared_epilogues, (2,))}
 
 
 def pair(first: dict, second: dict, kernel: int, sizes: tuple[int, int]):
@@ -212,7 +233,7 @@ def test_squeezenet_merged_matches_unmerged():
     merged = tvmsched.compile("squeezenet", target="llvm", batch=1, merge="all")
     assert merged.meta.merged_convolutions == (2,) * 8  # every fire module's two expands
     assert conv_kernels(merged.graph) == conv_kernels(unmerged.graph) - 8
-    assert len(merged.graph.kernels) < len(unmerged.graph.kernels)
+    assert len(merged.graph.kernels) == len(unmerged.graph.kernels) - 16  # a fire module is one kernel, not 3
     inputs = unmerged.random_inputs()
     assert_matches(merged.run(inputs), unmerged.run(inputs))
 
@@ -297,3 +318,28 @@ def test_builds_before_merge_modes_load_with_theirs():
     meta = tvmsched.compile(two_1x1(), target="llvm").meta.to_json()
     for recorded, mode in ((True, "all"), (False, "off")):
         assert ModelMeta.from_json({**meta, "merge": recorded}).merge == mode
+
+
+def merged_main(model) -> str:
+    module = frontend.to_relax(model, frontend.bind_input_shapes(model))
+    return merge_convolutions(module)[0]["main"].script(show_meta=False)
+
+
+def test_shared_epilogue_steps_merge_with_the_convolution_until_they_differ():
+    # the bias, batch norm and relu are per channel in both branches: one of each, over 10 channels; the
+    # per-pixel add is not per channel, so each branch adds its own on its slice
+    text = merged_main(shared_epilogues())
+    assert text.count("R.nn.conv2d(") == 2 and text.count("R.nn.batch_norm(") == 1
+    assert text.count("R.nn.relu(") == 1 and text.count("R.strided_slice(") == 2
+    assert "R.Tensor((1, 10, 6, 6)" in text.split("R.nn.batch_norm(")[0].rsplit("\n", 1)[-1]
+
+
+def test_a_fire_module_merged_is_one_kernel_whose_result_is_the_concat():
+    model = fire()
+    compiled = tvmsched.compile(model, target="llvm", merge="all")
+    assert [kernel.op_kinds for kernel in compiled.graph.kernels] == [("conv2d", "add", "relu")]
+    assert "R.concat(" not in merged_main(model)
+    module = frontend.to_relax(model, frontend.bind_input_shapes(model))
+    members = groups_module(module, convolution_groups(module))
+    graph, _ = extract(lower(members), ["group0"])  # the concat that joins the group's results is costed too
+    assert [tuple(output.shape) for output in graph.outputs] == [(2, 16, 8, 8)] and len(graph.kernels) == 3

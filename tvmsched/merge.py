@@ -3,8 +3,11 @@
 Before lowering, the `relax.nn.conv2d` calls of `main` that read one data tensor with constant weights and
 the same strides, dilation, layouts (NCHW data, OIHW weights), output dtype and output shape, with
 `groups=1`, are replaced by a single convolution whose weights are theirs concatenated along the output
-channels; each original result becomes a channel slice (`strided_slice`) of the merged one, so whatever
-followed a convolution (bias add, batch norm, relu, a concat) reads its slice and fuses there as before.
+channels. The element-wise epilogue steps that every member shares (`tvmsched.epilogues`: the same op and
+attributes, constants per output channel or equal: bias adds, batch norms, activations) are merged too,
+over the concatenated channels; each member's result after them becomes a channel slice (`strided_slice`)
+of the merged one, so whatever followed (a differing epilogue, another convolution) reads its slice and
+fuses there as before, and a concat of slices that cover the merged tensor in order is that tensor.
 
 A smaller kernel joins a larger one when its taps fit inside the larger one's window: it is padded with zero
 taps and its padding grown to match (a 1x1 convolution without padding beside a 3x3 one with padding 1 becomes
@@ -27,7 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
+
+from tvmsched.epilogues import Bindings, is_op
 
 
 @dataclass(frozen=True)
@@ -121,24 +127,63 @@ def merge_convolutions(module: tvm.IRModule, keep: Callable[[int], bool] = lambd
     (in `convolution_groups`' order) `keep` accepts, and the size of each group merged."""
     main = module["main"]
     constants = _bound_constants(main)
-    blocks, sizes, index = [], [], 0
+    found = Bindings(main)
+    replacements, slices, sizes, index = {}, {}, [], 0
     for block in main.body.blocks:
         var_type = relax.DataflowVar if isinstance(block, relax.DataflowBlock) else relax.Var
-        replacements = {}
         for group in _block_groups(block, constants):
             if keep(index):
-                replacements.update(_merged_bindings(group, var_type))
+                replaced, sliced = _merged_bindings(group, var_type, found)
+                replacements.update(replaced)
+                slices.update(sliced)
                 sizes.append(len(group))
             index += 1
-        bindings = [replaced for binding in block.bindings
-                    for replaced in replacements.get(binding.var.__chandle__(), [binding])]
-        blocks.append(type(block)(bindings))
+    blocks = [type(block)(_joined(_replaced(block.bindings, replacements), slices))
+              for block in main.body.blocks]
     if not sizes:
         return module, ()
     module = tvm.IRModule(dict(module.functions), attrs=module.attrs)
     module["main"] = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty,
                                     main.is_pure, main.attrs)
     return module, tuple(sizes)
+
+
+def _replaced(bindings, replacements: dict) -> list:
+    """`bindings` with each replaced as `replacements` says, and those that read a dropped variable dropped
+    (nothing uses them: a dropped batch norm's mean and variance)."""
+    dropped, result = set(), []
+    for binding in bindings:
+        handle = binding.var.__chandle__()
+        if handle in replacements:
+            result += replacements[handle]
+            if not replacements[handle]:
+                dropped.add(handle)
+        elif any(var.__chandle__() in dropped for var in relax.analysis.free_vars(binding.value)):
+            dropped.add(handle)
+        else:
+            result.append(binding)
+    return result
+
+
+def _joined(bindings: list, slices: dict) -> list:
+    """`bindings` with each channel concat of slices that cover one merged tensor in order (`slices`:
+    variable → (merged variable, first channel, end channel)) bound to that tensor itself: a squeezenet
+    fire module's concat of its two expands is the merged convolution's result."""
+    result = []
+    for binding in bindings:
+        value = binding.value
+        if is_op(value, "relax.concat") and isinstance(value.args[0], relax.Tuple):
+            parts = [slices.get(field.__chandle__()) if isinstance(field, relax.Var) else None
+                     for field in value.args[0].fields]
+            source = parts[0][0] if parts[0] else None
+            rank = len(value.ty.shape.values)
+            if (source is not None and int(value.attrs.axis) % rank == 1 and all(parts)
+                    and all(part[0].same_as(source) for part in parts)
+                    and [part[1] for part in parts] == [0] + [part[2] for part in parts[:-1]]
+                    and parts[-1][2] == int(source.ty.shape.values[1])):
+                binding = relax.VarBinding(binding.var, source)
+        result.append(binding)
+    return result
 
 
 def merge_matmuls(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
@@ -163,16 +208,12 @@ def _combined_matmuls(main: relax.Function) -> list[int]:
               for binding in block.bindings}
     sizes = []
     for value in values.values():
-        if _is_op(value, "relax.matmul") and isinstance(value.args[1], relax.Var):
+        if is_op(value, "relax.matmul") and isinstance(value.args[1], relax.Var):
             right = values.get(value.args[1].__chandle__())
-            if _is_op(right, "relax.concat") and all(isinstance(field, tvm.ir.Constant)
+            if is_op(right, "relax.concat") and all(isinstance(field, tvm.ir.Constant)
                                                      for field in right.args[0].fields):
                 sizes.append(len(right.args[0].fields))
     return sizes
-
-
-def _is_op(expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
 @relax.expr_functor.mutator
@@ -183,12 +224,12 @@ class _BindWeights(relax.PyExprMutator):
 
     def visit_call_(self, op: relax.Call):
         call = super().visit_call_(op)
-        if _is_op(call, "relax.permute_dims") and isinstance(call.args[0], tvm.ir.Constant):
+        if is_op(call, "relax.permute_dims") and isinstance(call.args[0], tvm.ir.Constant):
             axes = None if call.attrs.axes is None else [int(axis) for axis in call.attrs.axes]
             return relax.const(np.transpose(call.args[0].value.numpy(), axes))
-        first = call.args[0] if _is_op(call, "relax.add") else None
-        if _is_op(call, "relax.matmul") or (isinstance(first, relax.Var)
-                                             and _is_op(self.lookup_binding(first), "relax.matmul")):
+        first = call.args[0] if is_op(call, "relax.add") else None
+        if is_op(call, "relax.matmul") or (isinstance(first, relax.Var)
+                                             and is_op(self.lookup_binding(first), "relax.matmul")):
             left, right = call.args
             if isinstance(right, tvm.ir.Constant):
                 return relax.Call(call.op, [left, self.builder_.emit(right)], call.attrs)
@@ -249,9 +290,14 @@ def _windows(group: list[Convolution]) -> tuple[_Window, _Window] | None:
     return windows
 
 
-def _merged_bindings(group: list[Convolution], var_type: type) -> dict:
-    """For each member's variable (by object), the bindings that replace its own: the first member's
-    binding becomes the merged convolution and its slice, the others' their slices."""
+def _merged_bindings(group: list[Convolution], var_type: type, bindings: Bindings) -> tuple[dict, dict]:
+    """For each member's variable (by object) the bindings that replace its own, and the slices made.
+
+    The first member's convolution becomes the merged convolution followed by the steps of the members'
+    epilogues that every member shares (the same op and attributes, constants per output channel or
+    equal), merged over the concatenated channels; each member's variable after those steps becomes its
+    channel slice of the merged result, and its bindings before them are dropped (an empty list).
+    `slices` maps each slice's variable to (merged variable, first channel, end channel)."""
     windows = _windows(group)
     height, width = windows
     attrs = group[0].call.attrs
@@ -260,13 +306,66 @@ def _merged_bindings(group: list[Convolution], var_type: type) -> dict:
         group[0].call.args[0], relax.const(np.concatenate([conv.padded_weight(windows) for conv in group])),
         attrs.strides, (height.before, width.before, height.after, width.after), attrs.dilation,
         out_dtype=attrs.out_dtype))
-    merged = var_type("merged_conv2d", call.ty)
-    replacements, start = {}, 0
-    for conv in group:
-        channels = conv.weight.shape[0]
-        sliced = builder.normalize(relax.op.strided_slice(merged, axes=[1], begin=[start],
-                                                          end=[start + channels]))
-        first = [relax.VarBinding(merged, call)] if start == 0 else []
-        replacements[conv.var.__chandle__()] = [*first, relax.VarBinding(conv.var, sliced)]
-        start += channels
-    return replacements
+    end = var_type("merged_conv2d", call.ty)
+    merged = [relax.VarBinding(end, call)]
+    chains = [[conv.var] + [binding.var for binding in bindings.chain(conv.var)] for conv in group]
+    channels = [conv.weight.shape[0] for conv in group]
+    for depth in range(min(map(len, chains)) - 1):
+        value = _merged_step([bindings.values[chain[depth + 1].__chandle__()] for chain in chains],
+                             [chain[depth] for chain in chains], end, channels, bindings)
+        if value is None:
+            break
+        value = builder.normalize(value)
+        end = var_type("merged_epilogue", value.ty)
+        merged.append(relax.VarBinding(end, value))
+    depth = len(merged) - 1
+    replacements, slices, start = {}, {}, 0
+    for chain, count in zip(chains, channels):
+        replacements.update({var.__chandle__(): [] for var in chain[:depth]})
+        sliced = builder.normalize(relax.op.strided_slice(end, axes=[1], begin=[start], end=[start + count]))
+        replacements[chain[depth].__chandle__()] = [relax.VarBinding(chain[depth], sliced)]
+        slices[chain[depth].__chandle__()] = (end, start, start + count)
+        start += count
+    first = group[0].var.__chandle__()
+    replacements[first] = merged + replacements[first]
+    return replacements, slices
+
+
+def _merged_step(values: list, inputs: list[relax.Var], merged: relax.Var, channels: list[int],
+                 bindings: Bindings):
+    """One epilogue step of every member (`values`, applied to `inputs`) as one step applied to `merged`,
+    or None if the members' steps differ or a constant is neither per output channel nor the same."""
+    first = values[0]
+    if all(isinstance(value, relax.TupleGetItem) and value.index == first.index for value in values):
+        return relax.TupleGetItem(merged, first.index)
+    if not all(isinstance(value, relax.Call) and value.op.same_as(first.op)
+               and len(value.args) == len(first.args) and tvm_ffi.structural_equal(value.attrs, first.attrs)
+               for value in values):
+        return None
+    args = []
+    for operands in zip(*(value.args for value in values)):
+        if all(operand.same_as(member) for operand, member in zip(operands, inputs)):
+            args.append(merged)
+            continue
+        arrays = [bindings.array(operand) for operand in operands]
+        joined = None if any(array is None for array in arrays) else _per_channel(
+            arrays, channels, vector=is_op(first, "relax.nn.batch_norm"))
+        if joined is None:
+            return None
+        args.append(relax.const(joined))
+    return relax.Call(first.op, args, first.attrs, first.ty_args)
+
+
+def _per_channel(arrays: list[np.ndarray], channels: list[int], vector: bool) -> np.ndarray | None:
+    """The members' constants of one epilogue operand as one for the merged channels: concatenated where
+    each has its member's channels on the channel axis (of a batch norm's vectors, or counted from the
+    right of an NCHW operand) and 1 elsewhere, or the one constant they all share without channels."""
+    rank = arrays[0].ndim
+    axis = 0 if vector else rank - 3
+    if any(array.ndim != rank or array.dtype != arrays[0].dtype for array in arrays):
+        return None
+    if axis >= 0 and all(array.shape[axis] == count == array.size for array, count in zip(arrays, channels)):
+        return np.concatenate(arrays, axis=axis)
+    if (axis < 0 or arrays[0].shape[axis] == 1) and all(np.array_equal(array, arrays[0]) for array in arrays):
+        return arrays[0]
+    return None

@@ -1,0 +1,99 @@
+"""The element-wise epilogue chains of an imported module: the bias adds, batch norms and activations that
+follow a binding and that FuseOps fuses into the convolution before them. `tvmsched.merge` merges the
+chains of merged convolutions; `tvmsched.merge_choice` costs each convolution with its chain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+# Ops applied to a tensor and constants that FuseOps fuses into a convolution before them, as the importer
+# emits them (a batch norm as a tuple whose first field is taken).
+EPILOGUE_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.nn.relu",
+                          "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
+                          "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.nn.batch_norm"})
+
+
+class Bindings:
+    """The bindings of a function's body in order, who uses each variable (live users only: a batch norm's
+    unused mean and variance do not count) and which variables hold values of constants alone."""
+
+    def __init__(self, function: relax.Function):
+        self.bindings = [binding for block in function.body.blocks for binding in block.bindings]
+        self.values = {binding.var.__chandle__(): binding.value for binding in self.bindings}
+        used = {var.__chandle__() for var in relax.analysis.free_vars(function.body.body)}
+        for binding in self.bindings:
+            used |= {var.__chandle__() for var in relax.analysis.free_vars(binding.value)}
+        self.users: dict = {}
+        self.constant: set = set()
+        for binding in self.bindings:
+            inputs = relax.analysis.free_vars(binding.value)
+            if binding.var.__chandle__() in used:
+                for var in inputs:
+                    self.users.setdefault(var.__chandle__(), []).append(binding)
+            if isinstance(binding.value, (tvm.ir.Constant, relax.Call)) and all(
+                    var.__chandle__() in self.constant for var in inputs):
+                self.constant.add(binding.var.__chandle__())
+
+    def chain(self, var: relax.Var) -> list:
+        """The bindings of the epilogue after `var`, in order: each the one live user of the one before,
+        applying an epilogue op to it and constants (or taking a batch norm's first field)."""
+        chain = []
+        while (following := self._step(var)) is not None:
+            chain.append(following)
+            var = following.var
+        return chain
+
+    def _step(self, var: relax.Var):
+        following = self.users.get(var.__chandle__(), [])
+        if len(following) != 1:
+            return None
+        binding = following[0]
+        value = binding.value
+        if isinstance(value, relax.TupleGetItem):
+            return binding if value.index == 0 else None
+        if not any(is_op(value, name) for name in EPILOGUE_OPS):
+            return None
+        others = [other for other in relax.analysis.free_vars(value) if not other.same_as(var)]
+        return binding if all(other.__chandle__() in self.constant for other in others) else None
+
+    def constant_operands(self, kept: set) -> set:
+        """The constant variables (by object) that the `kept` bindings read, directly or through others."""
+        needed = set()
+        for binding in reversed(self.bindings):
+            handle = binding.var.__chandle__()
+            if handle in kept or handle in needed:
+                needed |= {var.__chandle__() for var in relax.analysis.free_vars(binding.value)
+                           if var.__chandle__() in self.constant}
+        return needed
+
+    def array(self, expr) -> np.ndarray | None:
+        """The value of `expr` if it is a constant or a variable bound to a reshape of one, else None."""
+        if isinstance(expr, relax.Var):
+            expr = self.values.get(expr.__chandle__())
+        if isinstance(expr, tvm.ir.Constant):
+            return expr.value.numpy()
+        if is_op(expr, "relax.reshape") and isinstance(expr.args[0], tvm.ir.Constant):
+            return expr.args[0].value.numpy().reshape([int(dim) for dim in expr.ty.shape.values])
+        return None
+
+
+def is_op(expr, name: str) -> bool:
+    """Whether `expr` calls the Relax op `name`."""
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+def renamed(value, names: dict):
+    """`value` (a call, tuple, tuple item, variable or constant) reading `names[variable]` for each variable
+    (by object) it names there."""
+    if isinstance(value, relax.Var):
+        return names.get(value.__chandle__(), value)
+    if isinstance(value, relax.TupleGetItem):
+        return relax.TupleGetItem(renamed(value.tuple_value, names), value.index)
+    if isinstance(value, relax.Tuple):
+        return relax.Tuple([renamed(field, names) for field in value.fields])
+    if isinstance(value, relax.Call):
+        return relax.Call(value.op, [renamed(arg, names) for arg in value.args], value.attrs, value.ty_args)
+    return value
