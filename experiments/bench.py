@@ -296,7 +296,7 @@ def main() -> int:
     parser.add_argument("--untuned", action="store_true", help="build with no tuning log applied")
     parser.add_argument("--layout", choices=LAYOUTS, default="nchw",
                         help="tvmsched's convolution layout (tvmsched build --layout)")
-    parser.add_argument("--merge", choices=MERGES, default="off",
+    parser.add_argument("--merge", choices=MERGES, nargs="?", const="all", default="off",
                         help="tvmsched's IOS-Merge (tvmsched build --merge); the Relax VM runs the model "
                              "merged with all, unmerged otherwise")
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),

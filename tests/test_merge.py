@@ -314,6 +314,11 @@ def test_auto_without_a_gpu_chooses_by_the_analytic_cost_and_the_build_records_i
     assert loaded.meta.merge == "auto" and loaded.meta.merge_choices == choices
 
 
+def test_merge_true_and_false_are_all_and_off():
+    assert tvmsched.compile(fire(), target="llvm", merge=True).meta.merged_convolutions == (2,)
+    assert tvmsched.compile(fire(), target="llvm", merge=False).meta.merge == "off"
+
+
 def test_builds_before_merge_modes_load_with_theirs():
     meta = tvmsched.compile(two_1x1(), target="llvm").meta.to_json()
     for recorded, mode in ((True, "all"), (False, "off")):

@@ -98,9 +98,9 @@ class ModelMeta:
                    tuple(MergeChoice.from_json(choice) for choice in data.get("merge_choices", ())))
 
 
-def _merge_mode(recorded: str | bool) -> str:
-    """The merge mode a meta.json records; builds before "auto" recorded whether all were merged."""
-    return {True: "all", False: "off"}.get(recorded, recorded) if isinstance(recorded, bool) else recorded
+def _merge_mode(merge: str | bool) -> str:
+    """A merge mode: before "auto", builds recorded (and `compile` took) whether all were merged."""
+    return {True: "all", False: "off"}[merge] if isinstance(merge, bool) else merge
 
 
 def model_proto(model: str | Path | onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
@@ -118,7 +118,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
             constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto",
-            precision: str = "fp32", layout: str = "nchw", merge: str = "off",
+            precision: str = "fp32", layout: str = "nchw", merge: str | bool = "off",
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -142,7 +142,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `merge` "all" merges the convolutions, and the matmuls, that read the same tensor into one each
     (`tvmsched.merge`); "auto" merges a group of convolutions only where its merged kernels, compiled and
     scheduled as the model's, are faster than its members (timed on the GPU, else by the analytic cost;
-    `tvmsched.merge_choice`); "off" merges nothing.
+    `tvmsched.merge_choice`); "off" merges nothing (True and False, as before the modes, are all and off).
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -150,6 +150,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     check_choice("kernel choice", kernels, MODES)
     check_choice("precision", precision, PRECISIONS)
     check_choice("layout", layout, LAYOUTS)
+    merge = _merge_mode(merge)
     check_choice("merge", merge, MERGES)
     if kernels == "vendor" and not _has_gpu(spec):
         raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA target and "

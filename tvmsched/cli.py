@@ -272,12 +272,12 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="bind one input to a value when the model is built (repeatable): it becomes a "
                              "constant, no longer an input; needed where an input's value decides a shape "
                              "(a Reshape's shape, a ReduceSum's axes, ...)")
-    parser.add_argument("--merge", choices=MERGES, default=None,
+    parser.add_argument("--merge", choices=MERGES, nargs="?", const="all", default=None,
                         help="IOS-Merge: convolutions that read the same tensor (same strides, dilation, "
                              "output size; kernels that fit one window) become one convolution: all merges "
                              "every such group (and the matmuls by constants that share an input), auto "
                              "only the groups that run faster merged, each timed merged and not on the GPU "
-                             "(the analytic cost without one), off none (default off)")
+                             "(the analytic cost without one), off none (default off; --merge alone: all)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
