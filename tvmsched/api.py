@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import tvm
 
-from tvmsched import frontend, measure, zoo
+from tvmsched import frontend, measure, weights, zoo
 from tvmsched.codegen import build_library
 from tvmsched.cost import CostModel, create_cost_model
 from tvmsched.cost.analytic import AnalyticCost
@@ -45,8 +45,8 @@ from tvmsched.target import (
 from tvmsched.tuning import applied, build_logs
 
 META_SCHEMA = 1
-BINARY_ARTIFACTS = ("model.so", "constants.npz")
-ARTIFACTS = (*BINARY_ARTIFACTS, "graph.json", "plan.json", "meta.json")
+BINARY_ARTIFACTS = ("model.so", weights.BINARY)
+ARTIFACTS = (*BINARY_ARTIFACTS, weights.INDEX, "graph.json", "plan.json", "meta.json")
 
 
 @dataclass(frozen=True)
@@ -411,7 +411,8 @@ class CompiledModel:
         return profile(self, repeat)
 
     def save(self, directory: str | Path) -> Path:
-        """Write model.so, graph.json, plan.json, constants.npz, then meta.json with their digests.
+        """Write model.so, the weights (`tvmsched.weights`), graph.json, plan.json, then meta.json with the
+        digests of the library and the weights.
 
         Each file is written beside its final name and renamed into place, so an interrupted save never
         leaves a truncated file, and a library that a loaded model still maps is never overwritten.
@@ -419,7 +420,11 @@ class CompiledModel:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         _write_atomically(directory / "model.so", lambda path: self.library.export_library(str(path)))
-        _write_atomically(directory / "constants.npz", lambda path: np.savez(path, **self.constants))
+        placed = weights.layout(self.constants)
+        _write_atomically(directory / weights.BINARY,
+                          lambda path: weights.write_binary(path, self.constants, placed))
+        _write_json(directory / weights.INDEX, weights.index_json(placed))
+        (directory / weights.ARCHIVE).unlink(missing_ok=True)  # an older save's weights
         _write_json(directory / "graph.json", self.graph.to_json())
         _write_json(directory / "plan.json", self.plan.to_json())
         digests = {name: _sha256(directory / name) for name in BINARY_ARTIFACTS}
@@ -433,7 +438,10 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     CPU than this machine's; always refuses one made for another `batch` (when given) or with other values
     of its constant inputs (those in `constant_inputs`): rebuild for that."""
     directory = Path(directory)
-    missing = [name for name in ARTIFACTS if not (directory / name).is_file()]
+    stored = weights.files(directory)
+    binaries = ("model.so", stored[0])
+    missing = [name for name in ("model.so", *stored, "graph.json", "plan.json", "meta.json")
+               if not (directory / name).is_file()]
     if missing:
         raise ArtifactError(f"'{directory}' is not a tvmsched build (missing {', '.join(missing)}); "
                             f"create one with: tvmsched build MODEL -o {directory}")
@@ -445,7 +453,7 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     if meta.tvm_version != tvm.__version__ and not force:
         raise ArtifactError(f"'{directory}' was built with TVM {meta.tvm_version}, this is TVM "
                             f"{tvm.__version__}; rebuild it (or load with force=True / --force)")
-    for name in BINARY_ARTIFACTS:  # a truncated library would crash dlopen: check before loading
+    for name in binaries:  # a truncated library would crash dlopen: check before loading
         if _sha256(directory / name) != meta_json.get("digests", {}).get(name):
             raise ArtifactError(f"'{directory / name}' is corrupt or was replaced (its digest differs from "
                                 f"meta.json); rebuild the model")
@@ -454,10 +462,9 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     plan = ExecutionPlan.from_json(_read_json(directory / "plan.json"))
     _check_plan_context(directory, plan, meta, batch, force)
     try:
-        with np.load(directory / "constants.npz") as archive:
-            constants = {name: archive[name] for name in archive.files}
+        constants = weights.read(directory)
         library = tvm.runtime.load_module(str(directory / "model.so"))
-    except Exception as error:  # zipfile, numpy and TVM each raise their own types for a broken file
+    except Exception as error:  # zipfile, numpy, the weights and TVM each raise their own types
         raise ArtifactError(f"'{directory}' has a corrupt file ({type(error).__name__}: {error}); "
                             f"rebuild it") from error
     return CompiledModel(library, graph, plan, constants, meta, executor)

@@ -1,0 +1,60 @@
+"""A build's weights on disk (`tvmsched.weights`): one aligned binary file mapped at load, and builds of
+`constants.npz` from before it still loading."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+import tvmsched
+from tvmsched import weights
+from tvmsched.errors import ArtifactError
+
+
+def test_constants_round_trip_aligned_and_mapped_read_only(tmp_path):
+    rng = np.random.default_rng(0)
+    constants = {"w": rng.standard_normal((3, 5, 7)).astype("float32"), "scalar": np.array(2.5, "float64"),
+                 "empty": np.zeros((0, 4), "int64"), "half": rng.standard_normal(9).astype("float16"),
+                 "flags": np.array([True, False])}
+    placed = weights.layout(constants)
+    assert all(entry.offset % weights.ALIGNMENT == 0 for entry in placed)
+    assert len({entry.offset for entry in placed if constants[entry.name].size}) == 4  # none overlap
+    weights.write_binary(tmp_path / weights.BINARY, constants, placed)
+    (tmp_path / weights.INDEX).write_text(json.dumps(weights.index_json(placed)))
+    read = weights.read(tmp_path)
+    assert list(read) == list(constants)
+    for name, array in constants.items():
+        assert read[name].dtype == array.dtype and read[name].shape == array.shape
+        np.testing.assert_array_equal(read[name], array)
+    assert not read["w"].flags.writeable and isinstance(read["w"].base, np.memmap)
+
+
+def test_a_binary_file_cut_short_is_refused(tmp_path, branchy_model):
+    build = tvmsched.compile(branchy_model, batch=1).save(tmp_path / "build")
+    data = (build / weights.BINARY).read_bytes()
+    (build / weights.BINARY).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="weights.bin' is corrupt or was replaced"):
+        tvmsched.load(build)
+    meta = json.loads((build / "meta.json").read_text())  # even where the digest was made to match
+    meta["digests"][weights.BINARY] = hashlib.sha256(data[: len(data) // 2]).hexdigest()
+    (build / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="ends before constant"):
+        tvmsched.load(build)
+
+
+def test_a_build_that_kept_constants_npz_still_loads(tmp_path, branchy_model):
+    model = tvmsched.compile(branchy_model, batch=1)
+    build = model.save(tmp_path / "build")
+    np.savez(build / weights.ARCHIVE, **model.constants)
+    (build / weights.BINARY).unlink()
+    (build / weights.INDEX).unlink()
+    meta = json.loads((build / "meta.json").read_text())
+    meta["digests"] = {"model.so": meta["digests"]["model.so"],
+                       weights.ARCHIVE: hashlib.sha256((build / weights.ARCHIVE).read_bytes()).hexdigest()}
+    (build / "meta.json").write_text(json.dumps(meta))
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
+    np.testing.assert_array_equal(tvmsched.load(build)(x), model(x))
+    model.save(build)  # saved again: the binary file, and the archive gone
+    assert weights.files(build) == (weights.BINARY, weights.INDEX) and not (build / weights.ARCHIVE).exists()
+    np.testing.assert_array_equal(tvmsched.load(build)(x), model(x))
