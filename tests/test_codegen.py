@@ -174,3 +174,13 @@ def test_cpu_kernels_compile_in_parts_into_one_library_that_saves_and_loads(monk
     np.testing.assert_allclose(model(x), expected, rtol=1e-5, atol=1e-5)
     model.save(tmp_path / "build")
     np.testing.assert_allclose(tvmsched.load(tmp_path / "build")(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_second_build_of_the_same_kernels_reuses_the_compiled_library(branchy_model):
+    first = tvmsched.compile(branchy_model, target="llvm", batch=3)
+    again = tvmsched.compile(branchy_model, target="llvm", batch=3)
+    other = tvmsched.compile(branchy_model, target="llvm", batch=5)  # other shapes: other kernels
+    assert again.library is first.library and other.library is not first.library
+    assert again.meta.kernels_hash == first.meta.kernels_hash
+    x = np.random.default_rng(4).standard_normal((3, 3, 8, 8)).astype("float32")
+    np.testing.assert_array_equal(again(x), first(x))

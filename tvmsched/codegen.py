@@ -8,12 +8,18 @@ streams would share it (a race), and a CUDA Graph would keep addresses the pool 
 
 On the CPU the kernels compile in parts on threads, one per core (TVM's lowering and LLVM release the GIL),
 and the parts' modules are imported into the first: one library, exported and loaded as one file.
-googlenet's 103 kernels took 21 s in one part on this project's 2-core machine."""
+googlenet's 103 kernels took 21 s in one part on this project's 2-core machine.
+
+A process keeps the last `CACHED_LIBRARIES` compiled libraries by the content of what they compiled (the
+scheduled module's structural hash, its symbols and the target): building the same kernels again, as a
+rebuild of a model or the merge choice's members do, compiles nothing."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -29,6 +35,9 @@ from tvmsched.windows import is_window_kernel
 
 GPU_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")  # dlight's, in the order tried
 KERNELS_PER_PART = 8  # fewer kernels than this per part compile in fewer parts: a thread costs more
+CACHED_LIBRARIES = 32
+_compiled: OrderedDict[str, tvm.runtime.Executable] = OrderedDict()
+_compiled_lock = threading.Lock()
 
 
 def schedule_candidates(function: tvm.tirx.PrimFunc, spec: TargetSpec, notes: list[str]):
@@ -131,7 +140,7 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
             {kernels.get_global_var(symbol): choice.function for symbol, choice in choices.items()},
             attrs=kernels.attrs))
         try:
-            executable = _compile_in_parts(module, spec)
+            executable = _cached_compile(module, spec)
             break
         except Exception as error:  # noqa: BLE001  (TVM's passes raise many types; found per kernel below)
             failing = {symbol: failure for symbol in choices
@@ -173,13 +182,34 @@ class _KernelChoice:
         return f"{'; '.join(self.notes)}; runs the {self.rule} schedule"
 
 
-def _compile_in_parts(module: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:
-    """`module` compiled for `spec`, every kernel ready to call (LLVM's JIT and CUDA's linking run at the
-    first look-up of a function: here, not at the first call); on the CPU in up to one part per core, each
-    on a thread of its own (under the caller's PassContext), imported into the first part's module."""
+def _cached_compile(module: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Executable:
+    """`_compile_in_parts(module, spec)`, or the library this process compiled last for the same content."""
     symbols = [global_var.name_hint for global_var in module.functions]
+    parts = _parts(symbols, spec)
+    key = f"{tvm_ffi.structural_hash(module)}/{','.join(sorted(symbols))}/{spec.tvm_target}/{parts}"
+    with _compiled_lock:
+        if key in _compiled:
+            _compiled.move_to_end(key)
+            return _compiled[key]
+    executable = _compile_in_parts(module, spec, parts)
+    with _compiled_lock:
+        _compiled[key] = executable
+        while len(_compiled) > CACHED_LIBRARIES:
+            _compiled.popitem(last=False)
+    return executable
+
+
+def _parts(symbols: list[str], spec: TargetSpec) -> int:
+    """In how many parts to compile kernels `symbols`: on the CPU up to one per core, else one."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    count = max(1, min(cores, len(symbols) // KERNELS_PER_PART)) if spec.kind == "llvm" else 1
+    return max(1, min(cores, len(symbols) // KERNELS_PER_PART)) if spec.kind == "llvm" else 1
+
+
+def _compile_in_parts(module: tvm.IRModule, spec: TargetSpec, count: int) -> tvm.runtime.Executable:
+    """`module` compiled for `spec`, every kernel ready to call (LLVM's JIT and CUDA's linking run at the
+    first look-up of a function: here, not at the first call), in `count` parts, each on a thread of its
+    own (under the caller's PassContext), imported into the first part's module."""
+    symbols = [global_var.name_hint for global_var in module.functions]
     context = tvm.transform.PassContext.current()
 
     def compile_part(part: list[str]) -> tvm.runtime.Module:
