@@ -184,3 +184,10 @@ def test_a_second_build_of_the_same_kernels_reuses_the_compiled_library(branchy_
     assert again.meta.kernels_hash == first.meta.kernels_hash
     x = np.random.default_rng(4).standard_normal((3, 3, 8, 8)).astype("float32")
     np.testing.assert_array_equal(again(x), first(x))
+
+
+def test_a_build_under_other_compile_options_compiles_again(branchy_model):
+    first = tvmsched.compile(branchy_model, target="llvm", batch=2)
+    with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
+        other = tvmsched.compile(branchy_model, target="llvm", batch=2)
+    assert other.library is not first.library

@@ -3,9 +3,11 @@ with merge "auto", only the groups that `tvmsched.merge_choice` finds faster mer
 
 import numpy as np
 import pytest
+import tvm
 from conftest import assert_matches, make_model, onnxruntime_outputs, tensor
 from onnx import helper
 from test_plan import assert_race_free
+from tvm import relax
 
 import tvmsched
 from tvmsched import frontend
@@ -348,3 +350,52 @@ def test_a_fire_module_merged_is_one_kernel_whose_result_is_the_concat():
     members = groups_module(module, convolution_groups(module))
     graph, _ = extract(lower(members), ["group0"])  # the concat that joins the group's results is costed too
     assert [tuple(output.shape) for output in graph.outputs] == [(2, 16, 8, 8)] and len(graph.kernels) == 3
+
+
+def test_an_epilogue_constant_that_adds_axes_stays_per_member():
+    """ONNX broadcasting: a result plus a rank-5 constant is 5-D, where channels are no longer axis 1."""
+    nodes = [conv(["x", "w1"], "a"), helper.make_node("Add", ["a", "k1"], ["ya"]),
+             conv(["x", "w2"], "b"), helper.make_node("Add", ["b", "k2"], ["yb"])]
+    model = make_model(nodes, [tensor("x", [1, 4, 6, 6])],
+                       [tensor("ya", [1, 1, 3, 6, 6]), tensor("yb", [1, 1, 5, 6, 6])],
+                       {"w1": weight(3, 4, 1, 1), "w2": weight(5, 4, 1, 1), "k1": weight(1, 1, 3, 1, 1),
+                        "k2": weight(1, 1, 5, 1, 1)})
+    compiled = tvmsched.compile(model, target="llvm", merge="all")
+    assert compiled.meta.merged_convolutions == (2,)
+    assert_runs_as_onnxruntime(compiled, model)
+
+
+def relax_pair(epilogue) -> tvm.IRModule:
+    """Two 1x1 convolutions of x (3 and 5 channels), each followed by `epilogue(builder, conv)`, which
+    returns what the function outputs of that branch."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 6, 6), "float32"))
+    with builder.function("main", [x], attrs={"num_input": 1}):
+        with builder.dataflow():
+            outputs = []
+            for channels in (3, 5):
+                convolution = builder.emit(relax.op.nn.conv2d(x, relax.const(weight(channels, 4, 1, 1))))
+                outputs += epilogue(builder, convolution, channels)
+            output = builder.emit_output(relax.Tuple(outputs))
+        builder.emit_func_output(output)
+    return builder.get()
+
+
+def test_a_dead_user_of_a_merged_variable_is_dropped_with_it():
+    def epilogue(builder, convolution, channels):
+        builder.emit(relax.op.sigmoid(convolution))  # dead: nothing uses it
+        return [builder.emit(relax.op.nn.relu(convolution))]
+    merged, sizes = merge_convolutions(relax_pair(epilogue))
+    assert sizes == (2,) and not relax.analysis.free_vars(merged["main"])
+    assert merged["main"].script(show_meta=False).count("R.nn.relu(") == 1
+
+
+def test_a_batch_norm_whose_statistics_are_used_merges_no_further_than_the_convolution():
+    def epilogue(builder, convolution, channels):
+        ones = relax.const(np.ones(channels, "float32"))
+        normed = builder.emit(relax.op.nn.batch_norm(convolution, ones, ones, ones, ones, axis=1))
+        return [builder.emit(relax.TupleGetItem(normed, 0)), builder.emit(relax.TupleGetItem(normed, 1))]
+    merged, sizes = merge_convolutions(relax_pair(epilogue))
+    assert sizes == (2,) and merged["main"].script(show_meta=False).count("R.nn.batch_norm(") == 2
+    graph, _ = extract(lower(merged), ["x"])
+    assert [tuple(output.shape) for output in graph.outputs] == [(1, 3, 6, 6), (3,), (1, 5, 6, 6), (5,)]

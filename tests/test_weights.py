@@ -58,3 +58,24 @@ def test_a_build_that_kept_constants_npz_still_loads(tmp_path, branchy_model):
     model.save(build)  # saved again: the binary file, and the archive gone
     assert weights.files(build) == (weights.BINARY, weights.INDEX) and not (build / weights.ARCHIVE).exists()
     np.testing.assert_array_equal(tvmsched.load(build)(x), model(x))
+
+
+@pytest.mark.parametrize("edit", [{"offset": -4096}, {"offset": 8}, {"dtype": "|O"}, {"shape": [-1]}])
+def test_an_index_that_places_a_constant_impossibly_is_refused(tmp_path, edit):
+    constants = {"w": np.ones((4, 4), "float32")}
+    placed = weights.layout(constants)
+    weights.write_binary(tmp_path / weights.BINARY, constants, placed)
+    index = weights.index_json(placed)
+    index["constants"][0].update(edit)
+    (tmp_path / weights.INDEX).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="places constant 'w' impossibly"):
+        weights.read(tmp_path)
+
+
+def test_an_edited_index_fails_the_digest_check(tmp_path, branchy_model):
+    build = tvmsched.compile(branchy_model, batch=1).save(tmp_path / "build")
+    index = json.loads((build / weights.INDEX).read_text())
+    index["constants"][0]["offset"] = -4096
+    (build / weights.INDEX).write_text(json.dumps(index))
+    with pytest.raises(ArtifactError, match="weights.json' is corrupt or was replaced"):
+        tvmsched.load(build)

@@ -45,8 +45,8 @@ from tvmsched.target import (
 from tvmsched.tuning import applied, build_logs
 
 META_SCHEMA = 1
-BINARY_ARTIFACTS = ("model.so", weights.BINARY)
-ARTIFACTS = (*BINARY_ARTIFACTS, weights.INDEX, "graph.json", "plan.json", "meta.json")
+DIGESTED = ("model.so", weights.BINARY, weights.INDEX)  # checked before anything is read
+ARTIFACTS = (*DIGESTED, "graph.json", "plan.json", "meta.json")
 
 
 @dataclass(frozen=True)
@@ -427,7 +427,7 @@ class CompiledModel:
         (directory / weights.ARCHIVE).unlink(missing_ok=True)  # an older save's weights
         _write_json(directory / "graph.json", self.graph.to_json())
         _write_json(directory / "plan.json", self.plan.to_json())
-        digests = {name: _sha256(directory / name) for name in BINARY_ARTIFACTS}
+        digests = {name: _sha256(directory / name) for name in DIGESTED}
         _write_json(directory / "meta.json", {**self.meta.to_json(), "digests": digests})
         return directory
 
@@ -439,7 +439,7 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     of its constant inputs (those in `constant_inputs`): rebuild for that."""
     directory = Path(directory)
     stored = weights.files(directory)
-    binaries = ("model.so", stored[0])
+    digested = ("model.so", *stored)
     missing = [name for name in ("model.so", *stored, "graph.json", "plan.json", "meta.json")
                if not (directory / name).is_file()]
     if missing:
@@ -453,7 +453,7 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     if meta.tvm_version != tvm.__version__ and not force:
         raise ArtifactError(f"'{directory}' was built with TVM {meta.tvm_version}, this is TVM "
                             f"{tvm.__version__}; rebuild it (or load with force=True / --force)")
-    for name in binaries:  # a truncated library would crash dlopen: check before loading
+    for name in digested:  # a truncated library would crash dlopen, a bad index mapping: check first
         if _sha256(directory / name) != meta_json.get("digests", {}).get(name):
             raise ArtifactError(f"'{directory / name}' is corrupt or was replaced (its digest differs from "
                                 f"meta.json); rebuild the model")

@@ -10,9 +10,9 @@ On the CPU the kernels compile in parts on threads, one per core (TVM's lowering
 and the parts' modules are imported into the first: one library, exported and loaded as one file.
 googlenet's 103 kernels took 21 s in one part on this project's 2-core machine.
 
-A process keeps the last `CACHED_LIBRARIES` compiled libraries by the content of what they compiled (the
-scheduled module's structural hash, its symbols and the target): building the same kernels again, as a
-rebuild of a model or the merge choice's members do, compiles nothing."""
+A process keeps the last `CACHED_LIBRARIES` compiled libraries by what they compiled (the scheduled module,
+structurally equal, the target, the parts and the PassContext's options): building the same kernels
+again, as a rebuild of a model does, compiles nothing."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from tvmsched.windows import is_window_kernel
 GPU_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")  # dlight's, in the order tried
 KERNELS_PER_PART = 8  # fewer kernels than this per part compile in fewer parts: a thread costs more
 CACHED_LIBRARIES = 32
-_compiled: OrderedDict[str, tvm.runtime.Executable] = OrderedDict()
+_compiled: OrderedDict[str, tuple[tvm.IRModule, tvm.runtime.Executable]] = OrderedDict()
 _compiled_lock = threading.Lock()
 
 
@@ -186,14 +186,17 @@ def _cached_compile(module: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Execu
     """`_compile_in_parts(module, spec)`, or the library this process compiled last for the same content."""
     symbols = [global_var.name_hint for global_var in module.functions]
     parts = _parts(symbols, spec)
-    key = f"{tvm_ffi.structural_hash(module)}/{','.join(sorted(symbols))}/{spec.tvm_target}/{parts}"
+    context = tvm.transform.PassContext.current()
+    key = (f"{tvm_ffi.structural_hash(module)}/{spec.tvm_target}/{parts}/{context.opt_level}/"
+           f"{sorted((str(name), str(value)) for name, value in context.config.items())}/"
+           f"{list(context.required_pass)}/{list(context.disabled_pass)}")
     with _compiled_lock:
-        if key in _compiled:
+        if key in _compiled and tvm_ffi.structural_equal(_compiled[key][0], module):
             _compiled.move_to_end(key)
-            return _compiled[key]
+            return _compiled[key][1]
     executable = _compile_in_parts(module, spec, parts)
     with _compiled_lock:
-        _compiled[key] = executable
+        _compiled[key] = (module, executable)
         while len(_compiled) > CACHED_LIBRARIES:
             _compiled.popitem(last=False)
     return executable

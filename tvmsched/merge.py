@@ -156,7 +156,7 @@ def _replaced(bindings, replacements: dict) -> list:
         handle = binding.var.__chandle__()
         if handle in replacements:
             result += replacements[handle]
-            if not replacements[handle]:
+            if not any(replaced.var.same_as(binding.var) for replaced in replacements[handle]):
                 dropped.add(handle)
         elif any(var.__chandle__() in dropped for var in relax.analysis.free_vars(binding.value)):
             dropped.add(handle)
@@ -318,7 +318,9 @@ def _merged_bindings(group: list[Convolution], var_type: type, bindings: Binding
         value = builder.normalize(value)
         end = var_type("merged_epilogue", value.ty)
         merged.append(relax.VarBinding(end, value))
-    depth = len(merged) - 1
+    while _rank(merged[-1].var) is None:  # a batch norm's tuple whose first field was not merged
+        merged.pop()
+    end, depth = merged[-1].var, len(merged) - 1
     replacements, slices, start = {}, {}, 0
     for chain, count in zip(chains, channels):
         replacements.update({var.__chandle__(): [] for var in chain[:depth]})
@@ -340,7 +342,8 @@ def _merged_step(values: list, inputs: list[relax.Var], merged: relax.Var, chann
         return relax.TupleGetItem(merged, first.index)
     if not all(isinstance(value, relax.Call) and value.op.same_as(first.op)
                and len(value.args) == len(first.args) and tvm_ffi.structural_equal(value.attrs, first.attrs)
-               for value in values):
+               and _rank(value) in (None, _rank(member))  # a constant of more dimensions adds axes
+               for value, member in zip(values, inputs)):
         return None
     args = []
     for operands in zip(*(value.args for value in values)):
@@ -354,6 +357,12 @@ def _merged_step(values: list, inputs: list[relax.Var], merged: relax.Var, chann
             return None
         args.append(relax.const(joined))
     return relax.Call(first.op, args, first.attrs, first.ty_args)
+
+
+def _rank(expr) -> int | None:
+    """The rank of a tensor-typed expression, None for a tuple (a batch norm's)."""
+    shape = getattr(expr.ty, "shape", None)
+    return None if shape is None else len(shape.values)
 
 
 def _per_channel(arrays: list[np.ndarray], channels: list[int], vector: bool) -> np.ndarray | None:

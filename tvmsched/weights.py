@@ -79,6 +79,9 @@ def read(directory: Path) -> dict[str, np.ndarray]:
     arrays = {}
     for entry in placed:
         dtype = np.dtype(entry.dtype)
+        if dtype.kind not in "biuf" or not dtype.isnative or entry.offset < 0 or entry.offset % ALIGNMENT \
+                or any(dim < 0 for dim in entry.shape):
+            raise ValueError(f"{INDEX} places constant '{entry.name}' impossibly ({entry.to_json()})")
         if entry.offset + int(np.prod(entry.shape, dtype=np.int64)) * dtype.itemsize > size:
             raise ValueError(f"{BINARY} ends before constant '{entry.name}'")
         arrays[entry.name] = np.ndarray(entry.shape, dtype, buffer=mapped, offset=entry.offset)
