@@ -399,3 +399,20 @@ def test_a_batch_norm_whose_statistics_are_used_merges_no_further_than_the_convo
     assert sizes == (2,) and merged["main"].script(show_meta=False).count("R.nn.batch_norm(") == 2
     graph, _ = extract(lower(merged), ["x"])
     assert [tuple(output.shape) for output in graph.outputs] == [(1, 3, 6, 6), (3,), (1, 5, 6, 6), (5,)]
+
+
+def test_auto_on_a_gpu_times_each_group_in_the_two_modules(monkeypatch, fake_cuda, tmp_path):
+    """The GPU path of the choice on the CPU: llvm kernels, a CPU device passing for the GPU and a stand-in
+    cudart: each side is compiled, timed per group by dp's stages, and its timer closed."""
+    from tvmsched import api
+
+    monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
+    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    model = two_groups()
+    compiled = tvmsched.compile(model, target="llvm", merge="auto")
+    choices = assert_two_choices_made(compiled.meta)
+    # every side is one stage as dp runs it, each timed alike by the stand-in: a tie keeps a group apart
+    assert len({choice.members_ms for choice in choices} | {choice.merged_ms for choice in choices}) == 1
+    assert compiled.meta.merged_convolutions == ()
+    assert fake_cuda.made["graph_exec"] and fake_cuda.made == fake_cuda.destroyed
+    assert_runs_as_onnxruntime(compiled, model)

@@ -217,9 +217,10 @@ def alternative_ms(module: tvm.IRModule, spec: TargetSpec, logs: list, kernels: 
     meta = ModelMeta((), (), spec, tvm.__version__, kernels_hash=built.kernels_hash)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": graph.inputs[0].shape[0]}
     plan = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
+    graph = choose_tactics(CompiledModel(built.executable, graph, plan, constants, meta), kernels,
+                           lambda stage: None).graph
+    plan = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)  # its workspace
     model = CompiledModel(built.executable, graph, plan, constants, meta)
-    selection = choose_tactics(model, kernels, lambda stage: None)
-    model = CompiledModel(built.executable, selection.graph, plan, constants, meta)
     with model.cost_model("measured") as cost:
         return _part_latencies(model.graph, names, cost)
 
