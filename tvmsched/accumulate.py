@@ -11,6 +11,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from tvmsched.lower import with_main_mutated
+
 HALF = ("float16", "bfloat16")
 ACCUMULATING = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d",
                 "relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose"}
@@ -18,9 +20,7 @@ ACCUMULATING = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.
 
 def accumulate_in_float32(module: tvm.IRModule) -> tvm.IRModule:
     """`module` with every half-precision matmul and convolution of `main` summing in float32."""
-    module = tvm.IRModule(dict(module.functions), attrs=module.attrs)
-    module["main"] = _Accumulate(module).visit_expr(module["main"])
-    return module
+    return with_main_mutated(module, _Accumulate(module))
 
 
 @relax.expr_functor.mutator

@@ -96,11 +96,15 @@ def slice_constant_takes(module: tvm.IRModule, takes: LegalizedCalls) -> tvm.IRM
     opaque to FuseOps: a kernel of its own (ViT's query, key and value, picked out of one projection: 36
     kernels). Exported models compute such an index from the input's shape, so it is constant only once
     `fold_constant_calls` has run, after legalization."""
-    slicer = _SliceTakes(takes, module)
-    main = slicer.visit_expr(module["main"])
-    sliced = slicer.builder_.get()
-    sliced["main"] = main
-    return sliced
+    return with_main_mutated(module, _SliceTakes(takes, module))
+
+
+def with_main_mutated(module: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:
+    """`module` with `main` visited by `mutator` (a mutator over `module`), and the functions it added."""
+    main = mutator.visit_expr(module["main"])
+    mutated = mutator.builder_.get()
+    mutated["main"] = main
+    return mutated
 
 
 @relax.expr_functor.mutator
@@ -150,9 +154,7 @@ def fold_constant_calls(module: tvm.IRModule) -> tvm.IRModule:
             output = tvm.runtime.empty([int(dim) for dim in call.ty.shape], str(call.ty.dtype), tvm.cpu())
             kernels[call.args[0].name_hint](*[arg.value for arg in args], output)
             values[call.__chandle__()] = relax.const(output.numpy(), str(call.ty.dtype))
-        main = _ReplaceCalls(values, module).visit_expr(module["main"])
-        module = tvm.IRModule(dict(module.functions), attrs=module.attrs)
-        module["main"] = main
+        module = with_main_mutated(module, _ReplaceCalls(values, module))
 
 
 def _constant_calls(main: relax.Function) -> list[tuple[relax.Call, list[tvm.ir.Constant]]]:

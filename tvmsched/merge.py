@@ -34,6 +34,7 @@ import tvm_ffi
 from tvm import relax
 
 from tvmsched.epilogues import Bindings, is_op
+from tvmsched.lower import with_main_mutated
 
 
 @dataclass(frozen=True)
@@ -189,8 +190,7 @@ def _joined(bindings: list, slices: dict) -> list:
 def merge_matmuls(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
     """`module` with the matrix products of `main` by constants that share a left operand merged by
     `CombineParallelMatmul`, and the size of each group; `module` itself where none was."""
-    bound = tvm.IRModule(dict(module.functions), attrs=module.attrs)
-    bound["main"] = _BindWeights(module).visit_expr(module["main"])
+    bound = with_main_mutated(module, _BindWeights(module))
     combined = relax.transform.CombineParallelMatmul(_constant_operands)(bound)
     groups = Counter(_combined_matmuls(combined["main"])) - Counter(_combined_matmuls(bound["main"]))
     return (combined, tuple(sorted(groups.elements()))) if groups else (module, ())

@@ -32,6 +32,7 @@ import tvm
 from tvm import relax
 
 from tvmsched.errors import UnsupportedOperator, check_choice
+from tvmsched.lower import with_main_mutated
 
 PRECISIONS = ("fp32", "fp16")
 POLICY = "TMixedPrecisionPolicy"
@@ -78,11 +79,7 @@ def _policies_follow():
 
 def _te_calls_wrapped(module: tvm.IRModule) -> tvm.IRModule:
     """`module` with every `call_tir` of `main` moved into a private Relax function of its own."""
-    wrapper = _WrapTeCalls(module)
-    main = wrapper.visit_expr(module["main"])
-    wrapped = wrapper.builder_.get()
-    wrapped["main"] = main
-    return wrapped
+    return with_main_mutated(module, _WrapTeCalls(module))
 
 
 @relax.expr_functor.mutator
