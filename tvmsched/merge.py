@@ -118,8 +118,8 @@ def merge_parallel(module: tvm.IRModule) -> Merged:
 
 def convolution_groups(module: tvm.IRModule) -> list[list[Convolution]]:
     """The groups of convolutions of `main` that `merge_convolutions` would merge, in its order."""
-    constants = _bound_constants(module["main"])
-    return [group for block in module["main"].body.blocks for group in _block_groups(block, constants)]
+    values = Bindings(module["main"]).values
+    return [group for block in module["main"].body.blocks for group in _block_groups(block, values)]
 
 
 def merge_convolutions(module: tvm.IRModule, keep: Callable[[int], bool] = lambda index: True
@@ -127,12 +127,11 @@ def merge_convolutions(module: tvm.IRModule, keep: Callable[[int], bool] = lambd
     """`module` with the convolutions of `main` that read one tensor merged, those of the groups whose index
     (in `convolution_groups`' order) `keep` accepts, and the size of each group merged."""
     main = module["main"]
-    constants = _bound_constants(main)
     found = Bindings(main)
     replacements, slices, sizes, index = {}, {}, [], 0
     for block in main.body.blocks:
         var_type = relax.DataflowVar if isinstance(block, relax.DataflowBlock) else relax.Var
-        for group in _block_groups(block, constants):
+        for group in _block_groups(block, found.values):
             if keep(index):
                 replaced, sliced = _merged_bindings(group, var_type, found)
                 replacements.update(replaced)
@@ -204,8 +203,7 @@ def _constant_operands(left, rights, biases, bindings) -> bool:
 
 def _combined_matmuls(main: relax.Function) -> list[int]:
     """For each matrix product of `main` by a concatenation of constants, how many constants it joins."""
-    values = {binding.var.__chandle__(): binding.value for block in main.body.blocks
-              for binding in block.bindings}
+    values = Bindings(main).values
     sizes = []
     for value in values.values():
         if is_op(value, "relax.matmul") and isinstance(value.args[1], relax.Var):
@@ -236,30 +234,24 @@ class _BindWeights(relax.PyExprMutator):
         return call
 
 
-def _bound_constants(main: relax.Function) -> dict:
-    """Variables of `main` bound to a constant, by object."""
-    return {binding.var.__chandle__(): binding.value for block in main.body.blocks
-            for binding in block.bindings if isinstance(binding.value, tvm.ir.Constant)}
-
-
-def _block_groups(block, constants: dict) -> list[list[Convolution]]:
-    """The groups of mergeable convolutions of `block`, each of two or more."""
+def _block_groups(block, values: dict) -> list[list[Convolution]]:
+    """The groups of mergeable convolutions of `block` (`values`: what each variable of `main` is bound to,
+    by object), each of two or more."""
     by_key = {}
     for binding in block.bindings:
-        convolution = _mergeable(binding, constants)
+        convolution = _mergeable(binding, values)
         if convolution is not None:
             by_key.setdefault(convolution.key, []).append(convolution)
     return [group for candidates in by_key.values() for group in _compatible_groups(candidates)]
 
 
-def _mergeable(binding, constants: dict) -> Convolution | None:
+def _mergeable(binding, values: dict) -> Convolution | None:
     """The binding as a `Convolution` if it is a conv2d this pass can merge."""
     call = binding.value
-    if not (isinstance(binding, relax.VarBinding) and isinstance(call, relax.Call)
-            and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+    if not (isinstance(binding, relax.VarBinding) and is_op(call, "relax.nn.conv2d")):
         return None
     attrs, (data, weight) = call.attrs, call.args
-    weight = constants.get(weight.__chandle__()) if isinstance(weight, relax.Var) else weight
+    weight = values.get(weight.__chandle__()) if isinstance(weight, relax.Var) else weight
     if not (isinstance(data, relax.Var) and isinstance(weight, tvm.ir.Constant) and attrs.groups == 1
             and (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NCHW", "OIHW", "NCHW")):
         return None
