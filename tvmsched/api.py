@@ -46,7 +46,8 @@ from tvmsched.tuning import applied, build_logs
 
 META_SCHEMA = 1
 DIGESTED = ("model.so", weights.BINARY, weights.INDEX)  # checked before anything is read
-ARTIFACTS = (*DIGESTED, "graph.json", "plan.json", "meta.json")
+DESCRIPTIONS = ("graph.json", "plan.json", "meta.json")
+ARTIFACTS = (*DIGESTED, *DESCRIPTIONS)
 
 
 @dataclass(frozen=True)
@@ -182,17 +183,25 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
                      tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
                      precision, layout, merge, merged.convolutions, merged.matmuls, merged.choices)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
-    sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
-    model = CompiledModel(built.executable, graph, sequential, constants, meta, executor)
-    selection = choose_tactics(model, kernels, progress)
-    if selection.timings:
-        graph = selection.graph
-        sequential = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
-    model = CompiledModel(built.executable, graph, sequential, constants, meta, executor, selection)
+    model = _with_tactics(built, graph, constants, meta, context, kernels, executor, progress)
     if schedule == "sequential":
         return model
     progress(f"scheduling ({schedule})")
     return model.reschedule(schedule, max_streams, executor, cost, **schedule_options)
+
+
+def _with_tactics(built, graph: KernelGraph, constants: dict, meta: ModelMeta, context: dict, kernels: str,
+                  executor: str | None = None, progress: Callable[[str], None] = lambda stage: None
+                  ) -> CompiledModel:
+    """The compiled model planned sequentially, its kernels' implementations chosen (`choose_tactics`) and
+    planned again where a vendor plan was chosen (its workspace is the plan's)."""
+    plan = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
+    model = CompiledModel(built.executable, graph, plan, constants, meta, executor)
+    selection = choose_tactics(model, kernels, progress)
+    if selection.timings:
+        graph = selection.graph
+        plan = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
+    return CompiledModel(built.executable, graph, plan, constants, meta, executor, selection)
 
 
 def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSpec, logs: list):
@@ -216,11 +225,7 @@ def alternative_ms(module: tvm.IRModule, spec: TargetSpec, logs: list, kernels: 
     built, graph, _ = _compiled_kernels(lowered, graph, spec, logs)
     meta = ModelMeta((), (), spec, tvm.__version__, kernels_hash=built.kernels_hash)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": graph.inputs[0].shape[0]}
-    plan = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
-    graph = choose_tactics(CompiledModel(built.executable, graph, plan, constants, meta), kernels,
-                           lambda stage: None).graph
-    plan = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)  # its workspace
-    model = CompiledModel(built.executable, graph, plan, constants, meta)
+    model = _with_tactics(built, graph, constants, meta, context, kernels)
     with model.cost_model("measured") as cost:
         return _part_latencies(model.graph, names, cost)
 
@@ -441,8 +446,7 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     directory = Path(directory)
     stored = weights.files(directory)
     digested = ("model.so", *stored)
-    missing = [name for name in ("model.so", *stored, "graph.json", "plan.json", "meta.json")
-               if not (directory / name).is_file()]
+    missing = [name for name in (*digested, *DESCRIPTIONS) if not (directory / name).is_file()]
     if missing:
         raise ArtifactError(f"'{directory}' is not a tvmsched build (missing {', '.join(missing)}); "
                             f"create one with: tvmsched build MODEL -o {directory}")
