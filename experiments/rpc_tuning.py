@@ -1,13 +1,16 @@
 """Tuning through a TVM RPC tracker with 1 and with N GPUs behind it: for each run a tracker and one RPC
 server per GPU (`CUDA_VISIBLE_DEVICES=i`) start on this host, and `tvmsched tune --rpc` tunes the same zoo
-models from an empty log with the same trials per kernel and time budget; writes trials per minute and
-each kernel's best latency per run, and compares every run with the first on the kernels both finished.
+models from an empty log with the same trials per kernel and time budget; writes trials per minute, each
+kernel's best latency, and the host's CPU and each GPU's utilization (sampled every second) per run, and
+compares every run with the first on the kernels both finished.
 
-    python -m experiments.rpc_tuning --zoo squeezenet googlenet --batch 16 --trials 16 --time-budget 200 \\
-        --runs 1:4 2:4 2:8 --out experiments/results/rpc_tuning_2026-11-25.json
+    python -m experiments.rpc_tuning --zoo squeezenet googlenet --batch 16 --time-budget 200 \\
+        --runs 1:8 2:8 --out experiments/results/rpc_tuning_2026-11-26.json
 
-A run is GPUS:CONCURRENT (kernels tuned at once). Logs and each run's console output go to --work. Runs
-accumulate in --out: a later call adds its runs after those already there (same setup expected).
+A run is GPUS:CONCURRENT (kernels tuned at once). The trials per kernel default to tune's (64): a search
+yields one batch of up to 64 candidates, so fewer trials spend more search per candidate measured. Logs
+and each run's console output go to --work. Runs accumulate in --out: a later call adds its runs after
+those already there (same setup expected).
 """
 
 from __future__ import annotations
@@ -18,18 +21,22 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from experiments.common import argument_parser, command, now
 from tvmsched.errors import TvmschedError
 from tvmsched.target import device_name, resolve_target
 from tvmsched.tuning.log import MANIFEST
 from tvmsched.tuning.rpc import TrackerAddress, registered_servers
-from tvmsched.tuning.tune import SEARCH_STRATEGIES
+from tvmsched.tuning.tune import SEARCH_STRATEGIES, TuneOptions
 
 KEY = "tvmsched-gpu"
 
@@ -74,6 +81,49 @@ class Tracker:
             process.wait()
 
 
+class Utilization:
+    """The host's CPU utilization (psutil) and each GPU's (`nvidia-smi`, where there is one), sampled every
+    second while the block runs."""
+
+    def __init__(self, work: Path):
+        self.path = work / "gpu_utilization.csv"
+        self.cpu: list[float] = []
+        self.stopped = threading.Event()
+
+    def __enter__(self) -> Utilization:
+        self.sampler = threading.Thread(target=self._sample_cpu, daemon=True)
+        self.sampler.start()
+        with self.path.open("w") as out:
+            try:
+                self.smi = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu",
+                                             "--format=csv,noheader,nounits", "-lms", "1000"], stdout=out)
+            except FileNotFoundError:
+                self.smi = None
+        return self
+
+    def _sample_cpu(self) -> None:
+        psutil.cpu_percent(None)
+        while not self.stopped.wait(1.0):
+            self.cpu.append(psutil.cpu_percent(None))
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.sampler.join()
+        if self.smi is not None:
+            self.smi.terminate()
+            self.smi.wait()
+
+    def summary(self) -> dict:
+        """Mean utilization in percent: the host's CPU (all cores) and each GPU's, by index."""
+        gpus: dict[str, list[float]] = {}
+        for line in self.path.read_text().splitlines():
+            index, _, percent = line.partition(",")
+            if percent.strip().isdigit():
+                gpus.setdefault(index.strip(), []).append(float(percent))
+        return {"host_cpu_percent": round(statistics.mean(self.cpu), 1) if self.cpu else None,
+                "gpu_percent": {index: round(statistics.mean(values), 1) for index, values in gpus.items()}}
+
+
 def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
     """One `tvmsched tune --rpc` run with `gpus` servers behind a fresh tracker, into an empty log."""
     run_dir = work / f"run{index}_{gpus}gpu_c{concurrent}"
@@ -84,7 +134,7 @@ def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
                 "--time-budget", f"{args.time_budget}s", "--search", args.search, "--rpc", str(address),
                 "--log", str(run_dir / "log")]
         start = time.perf_counter()
-        with (run_dir / "tune.log").open("w") as out:
+        with (run_dir / "tune.log").open("w") as out, Utilization(run_dir) as utilization:
             try:
                 returncode = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT,
                                             timeout=args.time_budget + 180).returncode
@@ -105,11 +155,12 @@ def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
            "kernels_finished": len(finished),
            "sessions_per_gpu": [log.count("start serving") for log in logs],
            "modules_run_per_gpu": [log.count("load_module") for log in logs],
+           "utilization": utilization.summary(),
            "console_tail": console[-600:],
            "kernels": kernels}
     print(f"  {gpus} GPU(s), {concurrent} at once: {trials} trials in {tuning_s} s of tuning, {wall_s:.0f} s"
-          f" wall ({row['trials_per_min_tuning']} a minute of tuning), {len(finished)} kernels finished",
-          flush=True)
+          f" wall ({row['trials_per_min_tuning']} a minute of tuning), {len(finished)} kernels finished;"
+          f" utilization {row['utilization']}", flush=True)
     return row
 
 
@@ -153,7 +204,7 @@ def main() -> int:
     parser.add_argument("--zoo", nargs="+", default=["squeezenet", "googlenet"])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--target", default="cuda")
-    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--trials", type=int, default=TuneOptions.trials)
     parser.add_argument("--time-budget", type=int, default=200, help="seconds per run")
     parser.add_argument("--search", choices=SEARCH_STRATEGIES, default="evolutionary", help="tune's --search")
     parser.add_argument("--runs", nargs="+", default=["1:4", "2:4", "2:8"], help="GPUS:CONCURRENT")
@@ -165,8 +216,9 @@ def main() -> int:
     for text in args.runs:
         gpus, _, concurrent = text.partition(":")
         runs.append(tune_run(int(gpus), int(concurrent or 4), len(runs), args, work))
-        setup = {key: getattr(args, key)
-                 for key in ("zoo", "batch", "target", "trials", "time_budget", "search")}
+        setup = {**{key: getattr(args, key)
+                    for key in ("zoo", "batch", "target", "trials", "time_budget", "search")},
+                 "host_cores": [psutil.cpu_count(logical=False), psutil.cpu_count()]}
         result = {"experiment": "tvmsched tune --rpc with 1 and N GPUs behind a local TVM RPC tracker",
                   "device": device_name(resolve_target(args.target)), "date": now(),
                   "command": command("experiments.rpc_tuning"), "setup": setup,

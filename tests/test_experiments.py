@@ -124,3 +124,13 @@ def test_bench_cases_name_source_model_batch_and_precision():
     for bad in ("googlenet", "tv:resnet50", "googlenet:fp16", "x:y:1", "tv:resnet50:one"):
         with pytest.raises(SystemExit, match=f"bad case '{bad}'"):
             _parse(bad)
+
+
+def test_parallel_transmission_relays_the_last_pieces_and_covers_every_byte():
+    from experiments.transfer_links import chunks
+
+    plan = chunks(10, 3, 0.5)
+    assert [(offset, length) for offset, length, _ in plan] == [(0, 3), (3, 3), (6, 3), (9, 1)]
+    assert [relayed for *_, relayed in plan] == [False, False, True, True]
+    assert not any(relayed for *_, relayed in chunks(10, 3, 0.0))
+    assert all(relayed for *_, relayed in chunks(10, 3, 1.0))
