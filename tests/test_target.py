@@ -36,3 +36,11 @@ def test_a_gpu_without_a_tag_compiles_for_a_tag_of_its_architecture(monkeypatch)
 def test_a_gpu_of_an_architecture_no_tag_has_is_refused_by_name(monkeypatch):
     with pytest.raises(TargetError, match=r"'NVIDIA Z1'.*compute capability 1\.0.*--target nvidia/"):
         _resolve_with(monkeypatch, "NVIDIA Z1", "1.0")
+
+
+def test_host_cores_are_those_the_affinity_allows_at_most_the_physical_ones(monkeypatch):
+    monkeypatch.setattr(target.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(target.psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
+    assert (target.host_cores(), target.host_cores(physical=False)) == (4, 8)
+    monkeypatch.setattr(target.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert (target.host_cores(), target.host_cores(physical=False)) == (2, 2)

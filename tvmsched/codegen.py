@@ -17,7 +17,6 @@ again, as a rebuild of a model does, compiles nothing."""
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ from tvm.s_tir import dlight
 
 from tvmsched import cpu_schedules, gpu_schedules
 from tvmsched.errors import GraphError
-from tvmsched.target import TargetSpec
+from tvmsched.target import TargetSpec, host_cores
 from tvmsched.windows import is_window_kernel
 
 GPU_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")  # dlight's, in the order tried
@@ -204,8 +203,9 @@ def _cached_compile(module: tvm.IRModule, spec: TargetSpec) -> tvm.runtime.Execu
 
 def _parts(symbols: list[str], spec: TargetSpec) -> int:
     """In how many parts to compile kernels `symbols`: on the CPU up to one per core, else one."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores, len(symbols) // KERNELS_PER_PART)) if spec.kind == "llvm" else 1
+    if spec.kind != "llvm":
+        return 1
+    return max(1, min(host_cores(physical=False), len(symbols) // KERNELS_PER_PART))
 
 
 def _compile_in_parts(module: tvm.IRModule, spec: TargetSpec, count: int) -> tvm.runtime.Executable:

@@ -17,7 +17,6 @@ producers and the epilogues, parallelize the outer spatial loops, vectorize an i
 from __future__ import annotations
 
 import math
-import os
 
 import tvm
 from tvm import s_tir
@@ -26,6 +25,7 @@ from tvm.s_tir.dlight.analysis import get_root_block, get_sblock_info
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target.codegen import target_has_features
 
+from tvmsched.target import host_cores
 from tvmsched.windows import find_window, inline_producers, one_reduction, uses_var
 
 PARALLEL_TASKS = 4  # per core, to even out the load
@@ -154,7 +154,7 @@ def _parallel_count(sch: s_tir.Schedule, loops) -> int:
     every core PARALLEL_TASKS tasks (the weights are packed once per task, so more cost more packing)."""
     tasks = int(sch.get(loops[0]).extent)
     for count, loop in enumerate(loops[1:]):
-        if tasks >= PARALLEL_TASKS * (os.cpu_count() or 1):
+        if tasks >= PARALLEL_TASKS * host_cores():
             return count
         tasks *= int(sch.get(loop).extent)
     return len(loops) - 1

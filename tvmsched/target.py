@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import re
 from dataclasses import dataclass
 
+import psutil
 import tvm
 
 from tvmsched.errors import TargetError
@@ -17,6 +19,13 @@ DEFAULT_CUDA_TAG = "nvidia/nvidia-h100"
 TARGET_NAMES = ("auto", "cuda", "llvm")
 
 LOGGER = logging.getLogger(__name__)
+
+
+def host_cores(physical: bool = True) -> int:
+    """The cores this process may run on (its CPU affinity); with `physical`, at most the machine's
+    physical cores, for work a core's second hardware thread does not speed up (kernels, searches)."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(allowed, psutil.cpu_count(logical=False) or allowed)) if physical else allowed
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import psutil
 import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
@@ -29,7 +28,7 @@ from tvmsched.codegen import anonymous
 from tvmsched.cost.analytic import kernel_alone
 from tvmsched.errors import TargetError, TvmschedError
 from tvmsched.lower import LoweredModule
-from tvmsched.target import TargetSpec, target_device_name
+from tvmsched.target import TargetSpec, host_cores, target_device_name
 from tvmsched.tuning.builder import PooledBuilder
 from tvmsched.tuning.defaults import measure_defaults
 from tvmsched.tuning.kernels import (
@@ -264,7 +263,7 @@ def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurren
                    builder, runner, database: SharedDatabase, checkpoint, over) -> KernelTuning:
     """The MetaSchedule contexts of the kernels and what their runs share; the cores are divided among the
     searches of the kernels tuned at once."""
-    cores = options.workers or psutil.cpu_count(logical=False) or 1
+    cores = options.workers or host_cores()
 
     def contexts_with(strategy, tasks: list[ms.ExtractedTask]) -> tuple[list, list[float]]:
         return ms.relax_integration.extracted_tasks_to_tune_contexts(
@@ -349,7 +348,7 @@ def _quiet_metaschedule_console() -> None:
 def _tuning_target(spec: TargetSpec) -> tvm.target.Target:
     """The target to tune for: MetaSchedule's CPU rules also need the number of cores."""
     if spec.kind == "llvm":
-        return tvm.target.Target({**spec.config, "num-cores": psutil.cpu_count(logical=False) or 1})
+        return tvm.target.Target({**spec.config, "num-cores": host_cores()})
     return spec.tvm_target
 
 
