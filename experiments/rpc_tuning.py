@@ -7,8 +7,8 @@ compares every run with the first on the kernels both finished.
     python -m experiments.rpc_tuning --zoo squeezenet googlenet --batch 16 --time-budget 200 \\
         --runs 1:8 2:8 --out experiments/results/rpc_tuning_2026-11-26.json
 
-A run is GPUS:CONCURRENT (kernels tuned at once). The trials per kernel default to tune's (64): a search
-yields one batch of up to 64 candidates, so fewer trials spend more search per candidate measured. Logs
+A run is GPUS:CONCURRENT (kernels tuned at once). The trials per kernel default to tune's: a search yields
+one batch of up to 64 candidates, so fewer trials spend more search per candidate measured. Logs
 and each run's console output go to --work. Runs accumulate in --out: a later call adds its runs after
 those already there (same setup expected).
 """
@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import psutil
 
 from experiments.common import argument_parser, command, now
 from tvmsched.errors import TvmschedError
-from tvmsched.target import device_name, resolve_target
+from tvmsched.target import device_name, host_cores, resolve_target
 from tvmsched.tuning.log import MANIFEST
 from tvmsched.tuning.rpc import TrackerAddress, registered_servers
 from tvmsched.tuning.tune import SEARCH_STRATEGIES, TuneOptions
@@ -57,7 +56,8 @@ class Tracker:
             self._start([*python, "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{self.address.port}",
                          "--key", KEY, "--host", "127.0.0.1", "--port", str(port),
                          "--port-end", str(port + 9), "--no-fork"],
-                        {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}, f"server{gpu}")
+                        {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu)},
+                        f"server{gpu}")
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -82,17 +82,15 @@ class Tracker:
 
 
 class Utilization:
-    """The host's CPU utilization (psutil) and each GPU's (`nvidia-smi`, where there is one), sampled every
-    second while the block runs."""
+    """The host's CPU utilization over the block (psutil) and each GPU's, sampled every second by
+    `nvidia-smi` where there is one (GPUs in PCI order, as the servers number them)."""
 
     def __init__(self, work: Path):
         self.path = work / "gpu_utilization.csv"
-        self.cpu: list[float] = []
-        self.stopped = threading.Event()
+        self.cpu_percent: float | None = None
 
     def __enter__(self) -> Utilization:
-        self.sampler = threading.Thread(target=self._sample_cpu, daemon=True)
-        self.sampler.start()
+        psutil.cpu_percent(None)  # the next call answers for the time since this one
         with self.path.open("w") as out:
             try:
                 self.smi = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu",
@@ -101,14 +99,8 @@ class Utilization:
                 self.smi = None
         return self
 
-    def _sample_cpu(self) -> None:
-        psutil.cpu_percent(None)
-        while not self.stopped.wait(1.0):
-            self.cpu.append(psutil.cpu_percent(None))
-
     def __exit__(self, *exc) -> None:
-        self.stopped.set()
-        self.sampler.join()
+        self.cpu_percent = psutil.cpu_percent(None)
         if self.smi is not None:
             self.smi.terminate()
             self.smi.wait()
@@ -120,7 +112,7 @@ class Utilization:
             index, _, percent = line.partition(",")
             if percent.strip().isdigit():
                 gpus.setdefault(index.strip(), []).append(float(percent))
-        return {"host_cpu_percent": round(statistics.mean(self.cpu), 1) if self.cpu else None,
+        return {"host_cpu_percent": self.cpu_percent,
                 "gpu_percent": {index: round(statistics.mean(values), 1) for index, values in gpus.items()}}
 
 
@@ -218,7 +210,7 @@ def main() -> int:
         runs.append(tune_run(int(gpus), int(concurrent or 4), len(runs), args, work))
         setup = {**{key: getattr(args, key)
                     for key in ("zoo", "batch", "target", "trials", "time_budget", "search")},
-                 "host_cores": [psutil.cpu_count(logical=False), psutil.cpu_count()]}
+                 "host_cores": [host_cores(), host_cores(physical=False)]}
         result = {"experiment": "tvmsched tune --rpc with 1 and N GPUs behind a local TVM RPC tracker",
                   "device": device_name(resolve_target(args.target)), "date": now(),
                   "command": command("experiments.rpc_tuning"), "setup": setup,

@@ -22,11 +22,13 @@ import numpy as np
 
 from experiments.common import ResultFile, argument_parser, command, now
 from tvmsched import cuda, weights
+from tvmsched.target import device_name, resolve_target
 
 
 def chunks(size: int, chunk: int, relayed: float) -> list[tuple[int, int, bool]]:
-    """(offset, bytes, relayed through GPU 1) covering `size` bytes in `chunk`-byte pieces: the pieces from
-    the end of the buffer, `relayed` of its bytes in all (rounded to whole pieces), go through GPU 1."""
+    """(offset, bytes, relayed through GPU 1) covering `size` bytes in `chunk`-byte pieces: the last
+    `relayed` of the pieces (rounded to whole pieces, half to even) go through GPU 1; each row of `measure`
+    says what share of the bytes that was."""
     pieces = [(offset, min(chunk, size - offset)) for offset in range(0, size, chunk)]
     through = round(relayed * len(pieces))
     return [(offset, length, index >= len(pieces) - through) for index, (offset, length) in enumerate(pieces)]
@@ -38,12 +40,14 @@ class Links:
 
     def __init__(self, owner: ExitStack, data: np.ndarray):
         cudart = cuda.runtime()
+        if cuda.check(cudart.cudaGetDeviceCount()) < 2:
+            raise SystemExit("transfer_links needs two CUDA devices")
+        self.peer = all(cuda.check(cudart.cudaDeviceCanAccessPeer(device, 1 - device)) for device in (0, 1))
         self.size = data.nbytes
-        self.peer = bool(cuda.check(cudart.cudaDeviceCanAccessPeer(0, 1)))
         self.host = cuda.own(owner, cudart.cudaHostAlloc(self.size, cudart.cudaHostAllocPortable),
                              cudart.cudaFreeHost)
         ctypes.memmove(self.host, data.ctypes.data, self.size)
-        self.devices, streams = [], []
+        self.owner, self.devices, streams = owner, [], []
         for device in (0, 1):
             cuda.check(cudart.cudaSetDevice(device))
             if self.peer:
@@ -55,20 +59,27 @@ class Links:
             streams += [cuda.stream(owner) for _ in range(device + 1)]
         self.direct, self.upload, self.relay = streams  # GPU 0's; GPU 1's first and second hop
 
+    def events(self, plan: list[tuple[int, int, bool]]) -> list:
+        """One event of GPU 1 per relayed piece of `plan`, marking its arrival there."""
+        cuda.check(cuda.runtime().cudaSetDevice(1))
+        return [cuda.event(self.owner) for *_, relayed in plan if relayed]
+
     def copy(self, plan: list[tuple[int, int, bool]], events: list) -> float:
-        """Issue `plan` (see `chunks`; `events`: one of GPU 1's per piece) and wait for it: seconds by the
-        host clock."""
+        """Issue `plan` (see `chunks`; `events` from `events(plan)`) and wait for it: seconds by the host
+        clock."""
         cudart = cuda.runtime()
         h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         direct, upload, relay = self.direct, self.upload, self.relay
+        arrivals = iter(events)
         start = time.perf_counter()
-        for (offset, length, relayed), arrived in zip(plan, events):
+        for offset, length, relayed in plan:
             if not relayed:
                 cuda.check(cudart.cudaMemcpyAsync(self.devices[0] + offset, self.host + offset, length, h2d,
                                                   direct))
                 continue
             cuda.check(cudart.cudaMemcpyAsync(self.devices[1] + offset, self.host + offset, length, h2d,
                                               upload))
+            arrived = next(arrivals)
             cuda.check(cudart.cudaEventRecord(arrived, upload))
             cuda.check(cudart.cudaStreamWaitEvent(relay, arrived, 0))
             cuda.check(cudart.cudaMemcpyPeerAsync(self.devices[0] + offset, 0, self.devices[1] + offset, 1,
@@ -78,12 +89,15 @@ class Links:
         return time.perf_counter() - start
 
     def arrived_intact(self, data: np.ndarray) -> bool:
-        """Whether GPU 0 holds exactly the host bytes."""
+        """Whether GPU 0 holds exactly the host bytes; then zeroes them there for the next copy (on GPU 0's
+        stream, waited for)."""
         cudart = cuda.runtime()
         back = np.empty_like(data)
         cuda.check(cudart.cudaMemcpy(back.ctypes.data, self.devices[0], self.size,
                                      cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost))
-        cuda.check(cudart.cudaMemset(self.devices[0], 0, self.size))
+        cuda.check(cudart.cudaSetDevice(0))
+        cuda.check(cudart.cudaMemsetAsync(self.devices[0], 0, self.size, self.direct))
+        cuda.check(cudart.cudaStreamSynchronize(self.direct))
         return bool(np.array_equal(back, data))
 
 
@@ -94,22 +108,21 @@ def measure(data: np.ndarray, chunk: int, shares: list[float], repeat: int) -> d
         row = {"mb": round(data.nbytes / 2**20, 2), "chunk_mb": chunk / 2**20, "peer_access": links.peer}
         for share in shares:
             plan = chunks(data.nbytes, chunk, share)
-            events = [cuda.event(owner) for _ in plan]  # on GPU 1, the current device after `Links`
+            events = links.events(plan)
             links.copy(plan, events)  # first use of each path
             intact = links.arrived_intact(data)
             seconds = statistics.median(links.copy(plan, events) for _ in range(repeat))
             intact = intact and links.arrived_intact(data)
-            row[f"relayed_{share:g}"] = {"ms": round(seconds * 1e3, 3),
+            relayed = sum(length for _, length, through in plan if through) / data.nbytes
+            row[f"relayed_{share:g}"] = {"relayed_bytes": round(relayed, 3), "ms": round(seconds * 1e3, 3),
                                           "gbps": round(data.nbytes / seconds / 1e9, 2), "intact": intact}
     return row
 
 
 def devices() -> str:
     """The CUDA devices, as "2x NAME"."""
-    cudart = cuda.runtime()
-    names = [cuda.check(cudart.cudaGetDeviceProperties(index)).name.decode()
-             for index in range(cuda.check(cudart.cudaGetDeviceCount()))]
-    return ", ".join(f"{names.count(name)}x {name}" for name in dict.fromkeys(names))
+    count = cuda.check(cuda.runtime().cudaGetDeviceCount())
+    return f"{count}x {device_name(resolve_target('cuda'))}"
 
 
 def main() -> None:

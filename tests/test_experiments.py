@@ -134,3 +134,11 @@ def test_parallel_transmission_relays_the_last_pieces_and_covers_every_byte():
     assert [relayed for *_, relayed in plan] == [False, False, True, True]
     assert not any(relayed for *_, relayed in chunks(10, 3, 0.0))
     assert all(relayed for *_, relayed in chunks(10, 3, 1.0))
+
+
+def test_gpu_utilization_is_averaged_per_gpu_and_unreadable_samples_are_skipped(tmp_path):
+    from experiments.rpc_tuning import Utilization
+
+    utilization = Utilization(tmp_path)
+    utilization.path.write_text("0, 10\n1, 0\n0, 30\n1, [N/A]\n")
+    assert utilization.summary() == {"host_cpu_percent": None, "gpu_percent": {"0": 20.0, "1": 0.0}}
