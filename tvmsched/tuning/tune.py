@@ -31,6 +31,7 @@ from tvmsched.lower import LoweredModule
 from tvmsched.target import TargetSpec, host_cores, target_device_name
 from tvmsched.tuning.builder import PooledBuilder
 from tvmsched.tuning.defaults import measure_defaults
+from tvmsched.tuning.intrinsics import import_tensor_intrinsics
 from tvmsched.tuning.kernels import (
     KernelTuning,
     RunControl,
@@ -264,6 +265,7 @@ def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurren
     """The MetaSchedule contexts of the kernels and what their runs share; the cores are divided among the
     searches of the kernels tuned at once."""
     cores = options.workers or host_cores()
+    import_tensor_intrinsics()  # what each TuneContext imports, in a fifth of the time
 
     def contexts_with(strategy, tasks: list[ms.ExtractedTask]) -> tuple[list, list[float]]:
         return ms.relax_integration.extracted_tasks_to_tune_contexts(
