@@ -44,7 +44,8 @@ def shallow_stack(context: int = 1) -> list[inspect.FrameInfo]:
 
 @contextmanager
 def _shallow_stacks():
-    """`inspect.stack` is `shallow_stack` inside the block."""
+    """`inspect.stack` is `shallow_stack` inside the block, for every thread of the process (`tune` imports
+    before its threads start)."""
     full, inspect.stack = inspect.stack, shallow_stack
     try:
         yield
