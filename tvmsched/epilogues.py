@@ -9,6 +9,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvmsched.lower import is_op
+
 # Ops applied to a tensor and constants that FuseOps fuses into a convolution before them, as the importer
 # emits them (a batch norm as a tuple whose first field is taken).
 EPILOGUE_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.nn.relu",
@@ -78,11 +80,6 @@ class Bindings:
         if is_op(expr, "relax.reshape") and isinstance(expr.args[0], tvm.ir.Constant):
             return expr.args[0].value.numpy().reshape([int(dim) for dim in expr.ty.shape.values])
         return None
-
-
-def is_op(expr, name: str) -> bool:
-    """Whether `expr` calls the Relax op `name`."""
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
 def renamed(value, names: dict):

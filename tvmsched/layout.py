@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 
 from tvmsched.errors import check_choice
+from tvmsched.lower import is_op
 
 LAYOUTS = ("nchw", "nhwc")
 
@@ -37,7 +38,7 @@ class _DropIdentityTransposes(relax.PyExprMutator):
 
     def visit_call_(self, op: relax.Call):
         call = super().visit_call_(op)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.permute_dims"):
+        if not is_op(call, "relax.permute_dims"):
             return call
         axes = call.attrs.axes
         if axes is None or [int(axis) for axis in axes] != list(range(len(axes))):

@@ -200,10 +200,14 @@ def kernel_module(lowered: LoweredModule) -> tvm.IRModule:
                          if isinstance(function, tvm.tirx.PrimFunc)})
 
 
+def is_op(expr, name: str) -> bool:
+    """Whether `expr` calls the Relax op `name`."""
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
 def is_call_tir(expr) -> bool:
     """Whether `expr` is `R.call_tir(primfunc, args, ...)`."""
-    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-            and expr.op.name == "relax.call_tir")
+    return is_op(expr, "relax.call_tir")
 
 
 def _fused_op_kinds(module: tvm.IRModule) -> dict[str, tuple[str, ...]]:

@@ -33,8 +33,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from tvmsched.epilogues import Bindings, is_op
-from tvmsched.lower import with_main_mutated
+from tvmsched.epilogues import Bindings
+from tvmsched.lower import is_op, with_main_mutated
 
 
 @dataclass(frozen=True)

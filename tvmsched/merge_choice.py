@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from tvmsched.epilogues import Bindings, is_op, renamed
+from tvmsched.epilogues import Bindings, renamed
+from tvmsched.lower import is_op
 from tvmsched.merge import Convolution, convolution_groups, merge_convolutions
 
 SCHEMA = 1

@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 
 from tvmsched.errors import UnsupportedOperator, check_choice
-from tvmsched.lower import with_main_mutated
+from tvmsched.lower import is_call_tir, with_main_mutated
 
 PRECISIONS = ("fp32", "fp16")
 POLICY = "TMixedPrecisionPolicy"
@@ -86,7 +86,7 @@ def _te_calls_wrapped(module: tvm.IRModule) -> tvm.IRModule:
 class _WrapTeCalls(relax.PyExprMutator):
     def visit_call_(self, op: relax.Call):
         call = super().visit_call_(op)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
+        if not is_call_tir(call):
             return call
         arguments = call.args[1]
         tensors = list(arguments.fields) if isinstance(arguments, relax.Tuple) else [arguments]
