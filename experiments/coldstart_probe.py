@@ -19,8 +19,7 @@ import tvm  # noqa: E402
 import tvmsched  # noqa: E402
 from tvmsched import api, cuda  # noqa: E402
 from tvmsched.executor import base  # noqa: E402
-from tvmsched.tactics import cublaslt, cudnn  # noqa: E402, F401  (their libraries' launchers are timed)
-from tvmsched.tactics.library import VendorLibrary  # noqa: E402
+from tvmsched.tactics.library import LIBRARIES  # noqa: E402
 from tvmsched.target import device_name  # noqa: E402
 
 IMPORTED = time.perf_counter()
@@ -88,15 +87,9 @@ def _time_calls(seconds: dict) -> None:
     tvm.runtime.tensor = timed("uploads", tvm.runtime.tensor)
     base.open_library = timed("vendor_handles", base.open_library)
     base.vendor_call = timed("vendor_folding", base.vendor_call)
-    for library in _subclasses(VendorLibrary):
-        if "launcher" in vars(library):
-            library.launcher = timed("vendor_plans", library.launcher)
+    for library in LIBRARIES.values():
+        library.launcher = timed("vendor_plans", library.launcher)
     cuda.capture = timed("graph_capture", cuda.capture)
-
-
-def _subclasses(cls) -> list[type]:
-    """Every subclass of `cls`, at any depth."""
-    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
 def _bandwidth(model) -> float | None:
