@@ -70,14 +70,18 @@ def measure(case: str, args) -> dict:
     reference = _pytorch(row, proto, module, x, args, precision)
     clock.lap("pytorch")
     tolerance = args.tolerance if precision == "fp32" else args.fp16_tolerance
+    # --merge auto checks the merged model against the unmerged one as dp schedules them
     model = tvmsched.compile(proto, target=args.target, tuned=not args.untuned, kernels=args.kernels,
-                             precision=precision, layout=args.layout, merge=args.merge)
+                             precision=precision, layout=args.layout, merge=args.merge,
+                             schedule="dp" if args.merge == "auto" else "sequential")
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     row["implementations"] = model.graph.implementations()
     if args.merge != "off":
         row["merged_convolutions"] = list(model.meta.merged_convolutions)
         row["merge_choices"] = [choice.to_json() for choice in model.meta.merge_choices]
+        row["merge_check_ms"] = model.meta.merge_check and dict(zip(("merged", "unmerged"),
+                                                                   model.meta.merge_check))
     if reference is None:  # no PyTorch: check against tvmsched's own sequential kernels
         reference = model.reschedule("sequential", executor="sequential")(x)
     row["output_absmax"] = float(np.abs(reference).max())  # a zero output would make every check pass

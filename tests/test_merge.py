@@ -276,18 +276,23 @@ def test_groups_are_costed_apart_each_on_a_parameter_of_its_own():
         assert sorted(first + second) == [kernel.id for kernel in graph.kernels]
 
 
-def test_auto_merges_the_groups_whose_merged_module_is_faster(monkeypatch):
+def time_groups(monkeypatch, model) -> None:
+    """The choice's group timings for `two_groups()`: merging the 1x1 pair pays, merging the 3x3 pair does
+    not."""
     from tvmsched import api
 
-    model = two_groups()
     groups = convolution_groups(frontend.to_relax(model, frontend.bind_input_shapes(model)))
     pointwise = [group[0].weight.shape[2] == 1 for group in groups]
 
     def latencies(module, *args) -> tuple[float, ...]:
-        """Merging the 1x1 pair pays, merging the 3x3 pair does not."""
         merged = module["main"].script().count("R.nn.conv2d(") == 2
         return tuple((1.0 if merged else 2.0) if one else (3.0 if merged else 2.0) for one in pointwise)
     monkeypatch.setattr(api, "alternative_ms", latencies)
+
+
+def test_auto_merges_the_groups_whose_merged_module_is_faster(monkeypatch):
+    model = two_groups()
+    time_groups(monkeypatch, model)
     compiled = tvmsched.compile(model, target="llvm", merge="auto")
     assert set(compiled.meta.merge_choices) == {MergeChoice(2, 2.0, 1.0), MergeChoice(2, 2.0, 3.0)}
     assert compiled.meta.merged_convolutions == (2,)
@@ -301,7 +306,10 @@ def assert_two_choices_made(meta) -> tuple[MergeChoice, ...]:
     """`meta` (of `two_groups` built with merge "auto") holds two timed choices and merged as they say."""
     choices = meta.merge_choices
     assert len(choices) == 2 and all(choice.members_ms > 0 and choice.merged_ms > 0 for choice in choices)
-    assert meta.merged_convolutions == tuple(choice.members for choice in choices if choice.merged)
+    chosen = tuple(choice.members for choice in choices if choice.merged)
+    # on a GPU, a build that merged is checked whole against the unmerged one, and the faster kept
+    kept_merged = meta.merge_check is None or meta.merge_check[0] < meta.merge_check[1]
+    assert meta.merged_convolutions == (chosen if kept_merged else ())
     return choices
 
 
@@ -416,3 +424,26 @@ def test_auto_on_a_gpu_times_each_group_in_the_two_modules(monkeypatch, fake_cud
     assert compiled.meta.merged_convolutions == ()
     assert fake_cuda.made["graph_exec"] and fake_cuda.made == fake_cuda.destroyed
     assert_runs_as_onnxruntime(compiled, model)
+
+
+@pytest.mark.parametrize("merged_ms, plain_ms", [(1.0, 2.0), (2.0, 1.0)])
+def test_auto_keeps_the_merged_model_only_where_its_whole_plan_is_faster(monkeypatch, fake_cuda, tmp_path,
+                                                                         merged_ms, plain_ms):
+    """On a GPU, a build that merged some groups is checked whole: the merged and the unmerged model are
+    both built, scheduled and benchmarked, and the faster is kept, with both times in its meta."""
+    from tvmsched import api
+
+    monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
+    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    model = two_groups()
+    time_groups(monkeypatch, model)
+    monkeypatch.setattr(api.CompiledModel, "benchmark", lambda self, *args, **kwargs: {
+        "median_ms": merged_ms if self.meta.merged_convolutions else plain_ms})
+    compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="greedy")
+    assert compiled.meta.merge_check == (merged_ms, plain_ms)
+    assert compiled.meta.merged_convolutions == ((2,) if merged_ms < plain_ms else ())
+    assert conv_kernels(compiled.graph) == (3 if merged_ms < plain_ms else 4)
+    assert len(compiled.meta.merge_choices) == 2 and compiled.meta.merge == "auto"
+    assert_runs_as_onnxruntime(compiled, model)
+    loaded = tvmsched.load(compiled.save(tmp_path / "build"))
+    assert loaded.meta == compiled.meta

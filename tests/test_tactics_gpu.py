@@ -120,9 +120,10 @@ def mlp_with_gelu():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_matmul_gelu_runs_in_cudnn_in_half_precision_only(precision, private_cache):
-    """cuDNN computes matmul + bias + GELU in fp16; in fp32 no library computes it exactly (cuBLASLt's GELU
-    is the tanh approximation, cuDNN's fp32 matmul is not exact), so TVM's kernel runs."""
+def test_matmul_gelu_runs_in_a_library_whole_or_split(precision, private_cache):
+    """cuDNN computes matmul + bias + GELU whole in fp16; in fp32 no library computes erf's GELU exactly
+    (cuBLASLt's is the tanh approximation, cuDNN's fp32 matmul is not exact), so a library computes the
+    matmul + bias and TVM's tail function the GELU (a split tactic)."""
     proto = mlp_with_gelu()
     x = np.random.default_rng(7).standard_normal((4, 32, 64)).astype("float32")
     session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -130,6 +131,29 @@ def test_matmul_gelu_runs_in_cudnn_in_half_precision_only(precision, private_cac
     model = tvmsched.compile(proto, target="cuda", kernels="vendor", precision=precision)
     [gelu] = [kernel for kernel in model.graph.kernels
               if kernel.vendor_op is not None and "gelu" in kernel.vendor_op.name]
-    assert (gelu.tactic and gelu.tactic.library) == ("cudnn" if precision == "fp16" else None)
+    assert gelu.tactic is not None
+    if precision == "fp32":
+        assert gelu.tactic.split == 1, gelu.tactic
     tolerance = 1e-5 if precision == "fp32" else 2e-2
-    np.testing.assert_allclose(model(x), expected, rtol=tolerance, atol=tolerance)
+    with model.reschedule("sequential", executor="cuda-graph") as captured:
+        np.testing.assert_allclose(captured(x), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_every_recognized_kernel_runs_in_a_library_whole_or_split(private_cache, tmp_path):
+    """In fp32 cuDNN declines a sigmoid, a residual add and per-channel scaling after a convolution: split
+    tactics run the convolution (and its bias) in cuDNN and the rest in TVM's tail, on dp's streams in the
+    CUDA graph, and after a save and a load."""
+    from test_tactics_select import network
+
+    proto = network()
+    model = tvmsched.compile(proto, target="cuda", batch=2, kernels="vendor", schedule="dp", max_streams=2)
+    recognized = [kernel for kernel in model.graph.kernels if kernel.vendor_op is not None]
+    assert all(kernel.tactic is not None for kernel in recognized), model.graph.implementations()
+    assert any(kernel.tactic.split is not None for kernel in recognized), model.graph.implementations()
+    x = np.random.default_rng(8).standard_normal((2, 3, 8, 8)).astype("float32")
+    expected = _reference(proto, x)
+    for executor in ("streams", "cuda-graph"):
+        with model.reschedule("dp", max_streams=2, executor=executor) as scheduled:
+            np.testing.assert_allclose(scheduled(x), expected, rtol=1e-4, atol=1e-5)
+    loaded = tvmsched.load(model.save(tmp_path / "build"))
+    np.testing.assert_allclose(loaded(x), expected, rtol=1e-4, atol=1e-5)

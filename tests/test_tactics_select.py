@@ -22,6 +22,8 @@ from tvmsched.executor.sequential import SequentialExecutor
 from tvmsched.executor.streams import StageTimer, StreamsExecutor
 from tvmsched.schedule import create_scheduler
 from tvmsched.tactics import library, select
+from tvmsched.tactics.tail import split_point
+from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, VendorOp
 
 RNG = np.random.default_rng(0)
 
@@ -211,3 +213,54 @@ def test_a_build_with_tactics_saves_loads_and_refuses_another_version(fake_cuda,
     monkeypatch.setattr(library, "LIBRARIES", {})
     with pytest.raises(TargetError, match="rebuild with --kernels tvm"):
         tvmsched.load(tmp_path / "build")(x)
+
+
+@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("fp16", 2e-3)])
+def test_split_tactics_run_the_plan_then_tvms_tail(fake_cuda, standin, monkeypatch, tmp_path, precision,
+                                                    tolerance):
+    """Where the library declines a kernel's epilogue, it computes the anchor and bias into the kernel's
+    intermediate tensor and TVM's tail function the rest (a clip, a residual add, a sigmoid, erf's GELU)."""
+    declined = {"clip", "residual", "sigmoid", "gelu"}
+    offered = StandIn.candidates
+
+    def candidates(self, vendor_op, limit):
+        return [] if declined & {op.kind for op in vendor_op.epilogue} else offered(self, vendor_op, limit)
+    monkeypatch.setattr(StandIn, "candidates", candidates)
+    model = tvmsched.compile(network(), target="llvm", batch=2, precision=precision)
+    selection = choose(model, "vendor", tmp_path / "tactics.json")
+    split = [kernel for kernel in selection.graph.kernels
+             if kernel.tactic and kernel.tactic.split is not None]
+    assert {op.kind for kernel in split for op in kernel.vendor_op.epilogue[kernel.tactic.split:]} >= declined
+    assert selection.graph.implementations()["standin+tvm"] == len(split)
+    for kernel in split:  # the intermediate follows the plan's workspace, in the head's dtype
+        assert [(tensor.shape, tensor.dtype) for tensor in kernel.workspace] == [
+            ((WORKSPACE,), "uint8"),
+            (kernel.outputs[0].shape, kernel.vendor_op.head(kernel.tactic.split).out_dtype)]
+    plan = plan_schedule(selection.graph, create_scheduler("greedy", max_streams=2),
+                         AnalyticCost(selection.graph), model.plan.context)
+    assert_race_free(selection.graph, plan)
+    scheduled = CompiledModel(model.library, selection.graph, plan, model.constants, model.meta)
+    x = RNG.standard_normal((2, 3, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(network(), {"input": x})
+    for executor in (SequentialExecutor, StreamsExecutor):
+        with executor(model.library, scheduled.graph, scheduled.plan, model.constants, tvm.cpu()) as running:
+            [actual] = running.run([x])
+        np.testing.assert_allclose(actual, expected, rtol=100 * tolerance, atol=10 * tolerance)
+    loaded = tvmsched.load(scheduled.save(tmp_path / "build"))
+    np.testing.assert_array_equal(loaded(x), scheduled(x))
+
+
+def test_split_point_leaves_the_library_its_bias_and_the_tail_the_rest():
+    def vendor_op(*kinds):
+        epilogue = tuple(EpilogueOp(kind, "float16" if kind == "cast" else "float32", 2 if kind in (
+            "bias", "residual", "multiply") else None, 1 if kind in ("bias", "multiply") else None)
+                         for kind in kinds)
+        anchor = Conv2d("NCHW", (1, 8, 4, 4), (8, 8, 1, 1), (1, 8, 4, 4), (1, 1), (0, 0, 0, 0), (1, 1), 1,
+                        "float32", "float32")
+        return VendorOp(anchor, 0, 1, epilogue, 3)
+    assert split_point(vendor_op("bias", "relu")) is None  # every library fuses it
+    assert split_point(vendor_op("bias")) is None
+    assert split_point(vendor_op("multiply", "bias", "residual", "relu")) == 2
+    assert split_point(vendor_op("sigmoid")) == 0
+    assert split_point(vendor_op("cast", "bias", "silu")) == 2
+    assert vendor_op("bias", "silu").head(1) == vendor_op("bias")

@@ -7,7 +7,7 @@ import json
 import os
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -28,11 +28,13 @@ from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.layout import LAYOUTS
 from tvmsched.lower import LoweredModule, kernel_module, lower
+from tvmsched.merge import Merged
 from tvmsched.merge_choice import MergeChoice
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.precision import PRECISIONS
 from tvmsched.rewrite import MERGES, rewrite
 from tvmsched.schedule import Scheduler, create_scheduler
+from tvmsched.tactics import tail
 from tvmsched.tactics.select import MODES, Selection, select_tactics
 from tvmsched.target import (
     TargetSpec,
@@ -70,6 +72,7 @@ class ModelMeta:
     merged_convolutions: tuple[int, ...] = ()  # how many convolutions each merged one replaced
     merged_matmuls: tuple[int, ...] = ()  # how many matmuls each merged one replaced
     merge_choices: tuple[MergeChoice, ...] = ()  # with merge "auto", what each group measured
+    merge_check: tuple[float, float] | None = None  # with merge "auto": the whole model's ms merged, unmerged
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
@@ -81,7 +84,8 @@ class ModelMeta:
                 "precision": self.precision, "layout": self.layout,
                 "merge": self.merge, "merged_convolutions": list(self.merged_convolutions),
                 "merged_matmuls": list(self.merged_matmuls),
-                "merge_choices": [choice.to_json() for choice in self.merge_choices]}
+                "merge_choices": [choice.to_json() for choice in self.merge_choices],
+                "merge_check": self.merge_check and list(self.merge_check)}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -96,7 +100,8 @@ class ModelMeta:
                    data.get("precision", "fp32"), data.get("layout", "nchw"),
                    _merge_mode(data.get("merge", "off")), tuple(data.get("merged_convolutions", ())),
                    tuple(data.get("merged_matmuls", ())),
-                   tuple(MergeChoice.from_json(choice) for choice in data.get("merge_choices", ())))
+                   tuple(MergeChoice.from_json(choice) for choice in data.get("merge_choices", ())),
+                   data.get("merge_check") and tuple(data["merge_check"]))
 
 
 def _merge_mode(merge: str | bool) -> str:
@@ -143,7 +148,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     `merge` "all" merges the convolutions, and the matmuls, that read the same tensor into one each
     (`tvmsched.merge`); "auto" merges a group of convolutions only where its merged kernels, compiled and
     scheduled as the model's, are faster than its members (timed on the GPU, else by the analytic cost;
-    `tvmsched.merge_choice`); "off" merges nothing (True and False, as before the modes, are all and off).
+    `tvmsched.merge_choice`), and on the GPU keeps the merged model only where its plan benchmarks faster than
+    the unmerged one's (`whole_model_check`, a second build); "off" merges nothing (True and False, as
+    before the modes, are all and off).
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -169,25 +176,45 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         progress("choosing the convolutions to merge (each group timed merged and not)")
         return alternative_ms(module, spec, logs, kernels)
     merged = rewrite(relax_module, precision, layout, merge, group_latencies)
-    progress("lowering and fusing")
-    lowered = lower(merged.module)
-    graph, constants = extract(lowered, [spec.name for spec in inputs])
-    progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
-    built, graph, used = _compiled_kernels(lowered, graph, spec, logs)
     output_names = [value.name for value in proto.graph.output]
-    outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
-                    for name, tensor in zip(output_names, graph.outputs))
-    meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(built.tuned),
-                     ", ".join(str(log.directory) for log in used) or None, built.kernels_hash,
-                     tuple(sorted(built.fallbacks.items())),
-                     tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
-                     precision, layout, merge, merged.convolutions, merged.matmuls, merged.choices)
-    context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
-    model = _with_tactics(built, graph, constants, meta, context, kernels, executor, progress)
-    if schedule == "sequential":
+
+    def built(rewritten: Merged) -> CompiledModel:
+        progress("lowering and fusing")
+        lowered = lower(rewritten.module)
+        graph, constants = extract(lowered, [spec.name for spec in inputs])
+        progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
+        library, graph, used = _compiled_kernels(lowered, graph, spec, logs, kernels)
+        outputs = tuple(TensorSpec(name, tensor.shape, tensor.dtype)
+                        for name, tensor in zip(output_names, graph.outputs))
+        meta = ModelMeta(tuple(inputs), outputs, spec, tvm.__version__, tuple(library.tuned),
+                         ", ".join(str(log.directory) for log in used) or None, library.kernels_hash,
+                         tuple(sorted(library.fallbacks.items())),
+                         tuple(ConstantInput.of(name, value) for name, value in constant_inputs.items()),
+                         precision, layout, merge, rewritten.convolutions, rewritten.matmuls,
+                         rewritten.choices)
+        context = {"target": spec.key, "device": target_device_name(spec), "batch": _batch(inputs)}
+        model = _with_tactics(library, graph, constants, meta, context, kernels, executor, progress)
+        if schedule == "sequential":
+            return model
+        progress(f"scheduling ({schedule})")
+        return model.reschedule(schedule, max_streams, executor, cost, **schedule_options)
+    model = built(merged)
+    if merge != "auto" or not merged.convolutions or not _has_gpu(spec):
         return model
-    progress(f"scheduling ({schedule})")
-    return model.reschedule(schedule, max_streams, executor, cost, **schedule_options)
+    progress("checking the merged model against the unmerged one (each built, scheduled and timed)")
+    plain = built(replace(rewrite(relax_module, precision, layout), choices=merged.choices))
+    return whole_model_check(model, plain)
+
+
+def whole_model_check(merged: CompiledModel, plain: CompiledModel) -> CompiledModel:
+    """Of `merged` (some groups merged by `--merge auto`) and `plain` (none merged), the one whose plan
+    benchmarks faster, its meta recording both times (`merge_check`); the benchmarks' executors are closed. A
+    group that is faster merged alone need not make the whole plan faster."""
+    merged_ms, plain_ms = (model.benchmark()["median_ms"] for model in (merged, plain))
+    kept = merged if merged_ms < plain_ms else plain
+    for model in (merged, plain):
+        model.close()
+    return kept.with_meta(replace(kept.meta, merge_check=(merged_ms, plain_ms)))
 
 
 def _with_tactics(built, graph: KernelGraph, constants: dict, meta: ModelMeta, context: dict, kernels: str,
@@ -204,12 +231,16 @@ def _with_tactics(built, graph: KernelGraph, constants: dict, meta: ModelMeta, c
     return CompiledModel(built.executable, graph, plan, constants, meta, executor, selection)
 
 
-def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSpec, logs: list):
-    """The library of `lowered`'s kernels with schedules from `logs` where they have records, `graph` with
-    the kernels' workspace, and the logs used."""
+def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSpec, logs: list, kernels: str):
+    """The library of `lowered`'s kernels with schedules from `logs` where they have records, and the tails
+    of split tactics where `kernels` may choose a library's (`tactics.tail`); `graph` with the kernels'
+    workspace, and the logs used."""
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
+    module = kernel_module(lowered)
+    if tail.wanted(kernels):
+        module = tail.with_tails(module, graph)
     with applied(logs, workloads) as (database, keep_default, used):
-        built = build_library(kernel_module(lowered), spec, database, keep_default)
+        built = build_library(module, spec, database, keep_default)
     return built, graph.with_workspace(built.workspace), used
 
 
@@ -222,7 +253,7 @@ def alternative_ms(module: tvm.IRModule, spec: TargetSpec, logs: list, kernels: 
     graph, constants = extract(lowered, names)
     if not _has_gpu(spec):
         return _part_latencies(graph, names, AnalyticCost(graph))
-    built, graph, _ = _compiled_kernels(lowered, graph, spec, logs)
+    built, graph, _ = _compiled_kernels(lowered, graph, spec, logs, kernels)
     meta = ModelMeta((), (), spec, tvm.__version__, kernels_hash=built.kernels_hash)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": graph.inputs[0].shape[0]}
     model = _with_tactics(built, graph, constants, meta, context, kernels)
@@ -292,6 +323,11 @@ class CompiledModel:
         with self.cost_model(cost, max_streams) as cost_model:  # saves measurements also when interrupted
             plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor,
+                             self.selection)
+
+    def with_meta(self, meta: ModelMeta) -> CompiledModel:
+        """The same build, described by `meta`."""
+        return CompiledModel(self.library, self.graph, self.plan, self.constants, meta, self.executor_name,
                              self.selection)
 
     def close(self) -> None:

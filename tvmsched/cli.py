@@ -277,7 +277,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "output size; kernels that fit one window) become one convolution: all merges "
                              "every such group (and the matmuls by constants that share an input), auto "
                              "only the groups that run faster merged, each timed merged and not on the GPU "
-                             "(the analytic cost without one), off none (default off; --merge alone: all)")
+                             "(the analytic cost without one), then on the GPU the model only if its plan "
+                             "runs faster than the unmerged one's (a second build), off none (default off; "
+                             "--merge alone: all)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -378,6 +380,10 @@ def _compiled(args):
         for choice in model.meta.merge_choices:
             console.print(f"  {choice.members} convolutions of one tensor: {choice.members_ms:.4f} ms, "
                           f"merged {choice.merged_ms:.4f} ms: {'merged' if choice.merged else 'kept apart'}")
+        if model.meta.merge_check:
+            merged_ms, plain_ms = model.meta.merge_check
+            console.print(f"  the whole model: {merged_ms:.4f} ms merged, {plain_ms:.4f} ms unmerged: "
+                          f"{'merged' if merged_ms < plain_ms else 'kept unmerged'}")
         console.print(f"  merged {sum(convolutions)} convolutions into {len(convolutions)}, {sum(matmuls)} "
                       f"matmuls into {len(matmuls)}")
     for symbol, why in model.meta.fallbacks:

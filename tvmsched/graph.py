@@ -74,8 +74,10 @@ class Kernel:
 
     @property
     def implementation(self) -> str:
-        """Who computes the kernel: "tvm" or the tactic's library."""
-        return self.tactic.library if self.tactic else "tvm"
+        """Who computes the kernel: "tvm", the tactic's library, or both ("cudnn+tvm": a split tactic)."""
+        if self.tactic is None:
+            return "tvm"
+        return self.tactic.library + "+tvm" * (self.tactic.split is not None)
 
     @property
     def written(self) -> tuple[TensorRef, ...]:
@@ -143,12 +145,16 @@ class KernelGraph:
 
     def with_tactics(self, tactics: dict[int, Tactic]) -> KernelGraph:
         """The graph with the kernels `tactics` names running their tactic, each with the workspace its plan
-        needs (one byte buffer) instead of TVM's."""
+        needs (one byte buffer) instead of TVM's, then for a split tactic the intermediate value its plan
+        writes and its tail reads (`tactics.tail`)."""
         def chosen(kernel: Kernel) -> Kernel:
             tactic = tactics[kernel.id]
-            scratch = TensorRef(f"k{kernel.id}.workspace0", (tactic.workspace,), "uint8", "kernel", kernel.id,
-                                len(kernel.outputs))
-            workspace = (scratch,) if tactic.workspace else ()
+            shapes = [((tactic.workspace,), "uint8")] if tactic.workspace else []
+            if tactic.split is not None:
+                shapes.append((kernel.outputs[0].shape, kernel.vendor_op.head(tactic.split).out_dtype))
+            workspace = tuple(TensorRef(f"k{kernel.id}.workspace{index}", shape, dtype, "kernel", kernel.id,
+                                        len(kernel.outputs) + index)
+                              for index, (shape, dtype) in enumerate(shapes))
             return replace(kernel, tactic=tactic, workspace=workspace)
         kernels = tuple(chosen(kernel) if kernel.id in tactics else kernel for kernel in self.kernels)
         return replace(self, kernels=kernels)

@@ -6,6 +6,7 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import tvm
@@ -17,7 +18,8 @@ from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.plan import ExecutionPlan
 from tvmsched.registry import registrar
 from tvmsched.tactics.affine import vendor_call
-from tvmsched.tactics.library import Launcher, VendorLibrary, open_library
+from tvmsched.tactics.library import Launcher, Tactic, VendorLibrary, open_library
+from tvmsched.tactics.tail import tail_symbol
 
 EXECUTORS: dict[str, type[Executor]] = {}
 
@@ -67,6 +69,7 @@ class Executor(ABC):
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan,
                  constants: dict[str, np.ndarray | tvm.runtime.Tensor], device: tvm.runtime.Device):
+        self.library = library
         self.graph = graph
         self.plan = plan
         self.device = device
@@ -95,19 +98,39 @@ class Executor(ABC):
         """The kernel on its buffers (inputs, outputs, workspace): TVM's function or the tactic's plan (its
         folded weights, `tactics.affine`, from the `host` constants where given, else read from the device).
         """
-        arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
         workspace = [self.buffers[tensor.name] for tensor in kernel.workspace]
-        if kernel.tactic is not None:
-            tactic = kernel.tactic
-            if tactic.library not in self.libraries:
-                self.libraries[tactic.library] = open_library(tactic, self.resources)
-            vendor_op, folded = vendor_call(kernel, lambda name: host[name] if name in host
-                                            else self.buffers[name].numpy())
-            arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
-            self.vendor_arguments[kernel.id] = arguments
-            return self.libraries[tactic.library].launcher(vendor_op, tactic.plan, arguments,
-                                                          workspace[0] if workspace else None)
-        return tvm_launcher(self.device, library[kernel.symbol], arguments + workspace)
+        if kernel.tactic is None:
+            arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+            return tvm_launcher(self.device, library[kernel.symbol], arguments + workspace)
+        tactic = kernel.tactic
+        if tactic.library not in self.libraries:
+            self.libraries[tactic.library] = open_library(tactic, self.resources)
+        return self.tactic_launcher(kernel, tactic, self.libraries[tactic.library],
+                                    lambda name: host[name] if name in host else self.buffers[name].numpy(),
+                                    *workspace)
+
+    def tactic_launcher(self, kernel: Kernel, tactic: Tactic, library: VendorLibrary,
+                        value: Callable[[str], np.ndarray], *workspace: tvm.runtime.Tensor) -> Launcher:
+        """`tactic`'s plan from `library` on the kernel's buffers, its folded weights (`tactics.affine`) made
+        from the constants' host values `value(name)`, with `workspace`: the plan's (where it needs one), then
+        for a split tactic the intermediate value, which the plan writes and the kernel's tail function
+        (`tactics.tail`) reads, both on the launcher's stream."""
+        arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+        vendor_op, folded = vendor_call(kernel, value, tactic.split)
+        tail_arguments = [workspace[-1], *arguments] if tactic.split is not None else []
+        if tactic.split is not None:
+            arguments[vendor_op.output] = workspace[-1]
+        arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
+        self.vendor_arguments[kernel.id] = arguments
+        plan = library.launcher(vendor_op, tactic.plan, arguments, workspace[0] if tactic.workspace else None)
+        if tactic.split is None:
+            return plan
+        tail = tvm_launcher(self.device, self.library[tail_symbol(kernel.symbol)], tail_arguments)
+
+        def launch(stream) -> None:
+            plan(stream)
+            tail(stream)
+        return launch
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         for tensor, value in zip(self.graph.inputs, inputs):

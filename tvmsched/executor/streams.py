@@ -188,7 +188,6 @@ class StageTimer(StreamsExecutor):
                               {tensor.name: index for index, tensor in
                                enumerate(t for kernel in graph.kernels for t in kernel.written)})
         super().__init__(library, graph, replace(plan, memory=separate), constants, device)
-        self.library = library
         with self._closed_on_error():
             rng = np.random.default_rng(0)
             for tensor in graph.inputs:

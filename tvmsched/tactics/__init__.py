@@ -4,7 +4,8 @@ Recognition (`recognize`) says for each fused kernel whether a vendor library co
 TVM's kernel computes, and describes it as a `VendorOp` (`vendor_op`); each library (`library`, one file
 each: `cudnn` for convolutions, `cublaslt` for matmuls) offers plans for it; selection (`select`) times
 them against TVM's function and records the winner in the kernel graph as a `Tactic`, which the executors
-launch.
+launch. Where a library declines a kernel's epilogue, a split tactic (`tail`) runs the library's plan for its
+anchor and bias and TVM's function for the rest.
 """
 
 from tvmsched.tactics import cublaslt, cudnn  # noqa: F401  (register the libraries)

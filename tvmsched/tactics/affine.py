@@ -69,12 +69,15 @@ def fold_affine(vendor_op: VendorOp, constants: dict[int, np.ndarray],
     return op, [scaled, shift.reshape(shape).astype(anchor.accumulate_dtype)]
 
 
-def vendor_call(kernel: Kernel, value: Callable[[str], np.ndarray]) -> tuple[VendorOp, list[np.ndarray]]:
-    """The VendorOp a library computes for `kernel`, and the arrays to pass after the kernel's parameters
-    (inputs, then outputs): folded by `fold_affine` where the epilogue allows, else the kernel's own op and
-    none. `value(name)` is a constant tensor's value on the host."""
-    read = {kernel.vendor_op.weight, *(op.operand for op in kernel.vendor_op.epilogue)}
+def vendor_call(kernel: Kernel, value: Callable[[str], np.ndarray],
+                split: int | None = None) -> tuple[VendorOp, list[np.ndarray]]:
+    """The VendorOp a library computes for `kernel` (its head of `split` epilogue ops, where given:
+    `tactics.tail`), and the arrays to pass after the kernel's parameters (inputs, then outputs): folded
+    by `fold_affine` where the epilogue allows, else the op and none. `value(name)` is a constant tensor's
+    value on the host."""
+    vendor_op = kernel.vendor_op if split is None else kernel.vendor_op.head(split)
+    read = {vendor_op.weight, *(op.operand for op in vendor_op.epilogue)}
     constants = {position: value(tensor.name) for position, tensor in enumerate(kernel.inputs)
                  if position in read and tensor.kind == "constant"}
-    folding = fold_affine(kernel.vendor_op, constants, len(kernel.inputs) + len(kernel.outputs))
-    return folding or (kernel.vendor_op, [])
+    folding = fold_affine(vendor_op, constants, len(kernel.inputs) + len(kernel.outputs))
+    return folding or (vendor_op, [])

@@ -18,7 +18,7 @@ from tvmsched.errors import ArtifactError, TargetError
 from tvmsched.registry import registrar
 from tvmsched.tactics.vendor_op import VendorOp
 
-SCHEMA = 1
+SCHEMA = 2  # 2: and the split (a tactic of schema 1 has none)
 LIBRARIES: dict[str, type[VendorLibrary]] = {}
 
 Launcher = Callable[[object], None]  # called with the raw CUDA stream to issue the kernel on
@@ -35,22 +35,25 @@ class Candidate:
 @dataclass(frozen=True)
 class Tactic:
     """The vendor plan a kernel runs instead of TVM's function: library, the library's version (a plan is
-    named by the version it was chosen with), the plan, and its workspace bytes."""
+    named by the version it was chosen with), the plan, and its workspace bytes. Where `split` is set, the
+    plan computes the anchor and the first `split` epilogue ops only, and TVM's tail function the rest
+    (`tactics.tail`)."""
 
     library: str
     version: str
     plan: str
     workspace: int
+    split: int | None = None
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "library": self.library, "version": self.version, "plan": self.plan,
-                "workspace": self.workspace}
+                "workspace": self.workspace, "split": self.split}
 
     @classmethod
     def from_json(cls, data: dict) -> Tactic:
-        if data.get("schema") != SCHEMA:
+        if data.get("schema") not in (1, SCHEMA):
             raise ArtifactError(f"tactic schema {data.get('schema')} is not {SCHEMA}; rebuild the model")
-        return cls(data["library"], data["version"], data["plan"], data["workspace"])
+        return cls(data["library"], data["version"], data["plan"], data["workspace"], data.get("split"))
 
 
 class VendorLibrary(ABC):

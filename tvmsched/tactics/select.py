@@ -31,6 +31,7 @@ from tvmsched.errors import TargetError, check_choice
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.tactics.affine import vendor_call
 from tvmsched.tactics.library import LIBRARIES, Tactic, installed
+from tvmsched.tactics.tail import split_point
 from tvmsched.tactics.vendor_op import VendorOp
 
 LOGGER = logging.getLogger("tvmsched.tactics")
@@ -71,13 +72,13 @@ def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], objec
         selector = _Selector(owner, versions, make_timer, device_name, kernels_hash,
                              cache or cache_path("tactics.json"))
         # kernels of one PrimFunc whose libraries' op is the same (folded alike) share one choice
-        calls = {kernel.id: vendor_call(kernel, constants.__getitem__) for kernel in recognized}
-        keys = {kernel.id: (kernel.symbol, _digest(calls[kernel.id][0].to_json())) for kernel in recognized}
+        calls = {kernel.id: vendor_call(kernel, constants.__getitem__)[0] for kernel in recognized}
+        keys = {kernel.id: (kernel.symbol, _digest(calls[kernel.id].to_json())) for kernel in recognized}
         representatives = {keys[kernel.id]: kernel for kernel in reversed(recognized)}
         try:
             chosen = {}
             for done, (key, kernel) in enumerate(representatives.items()):
-                chosen[key] = selector.choose(kernel, mode, *calls[kernel.id])
+                chosen[key] = selector.choose(kernel, mode, calls[kernel.id], constants)
                 progress(done + 1, len(representatives))
         finally:
             selector.save()
@@ -101,20 +102,26 @@ class _Selector:
         self.measured: dict[str, float | None] = {}
 
     def choose(self, kernel: Kernel, mode: str, vendor_op: VendorOp,
-               folded: list[np.ndarray]) -> tuple[Tactic, tuple[float | None, float]] | None:
-        """The fastest working tactic of `kernel`, whose libraries compute `vendor_op` with the `folded`
-        arrays after its parameters (`tactics.affine`), with (TVM's ms, its ms); None where TVM's function
-        wins or no plan works."""
+               constants: dict[str, np.ndarray]) -> tuple[Tactic, tuple[float | None, float]] | None:
+        """The fastest working tactic of `kernel`, whose libraries compute `vendor_op` (folded from the
+        `constants`, `tactics.affine`) or its head before the kernel's tail function (`tactics.tail`), with
+        (TVM's ms, its ms); None where TVM's function wins or no plan works."""
         options = []
-        workload = _digest(vendor_op.to_json())
+        split = split_point(kernel.vendor_op)
+        ways = [(None, vendor_op, "")]
+        if split is not None:  # the tail is TVM's function of this build
+            ways.append((split, vendor_call(kernel, constants.__getitem__, split)[0],
+                         f"/tail-{kernel.workload}-{self.kernels_hash}"))
         for name, library in self.libraries.items():
-            for candidate in library.candidates(vendor_op, MAX_PLANS):
-                tactic = Tactic(name, self.versions[name], candidate.plan, candidate.workspace)
-                key = f"{self.device_name}/{name}-{tactic.version}/{workload}/{candidate.plan}"
-                ms = self._cached(key, lambda: self._time_tactic(kernel, vendor_op,  # noqa: B023
-                                                                 folded, tactic, library))  # noqa: B023
-                if ms is not None:
-                    options.append((ms, tactic))
+            for way, op, tail in ways:
+                workload = _digest(op.to_json())
+                for candidate in library.candidates(op, MAX_PLANS):
+                    tactic = Tactic(name, self.versions[name], candidate.plan, candidate.workspace, way)
+                    key = f"{self.device_name}/{name}-{tactic.version}/{workload}/{candidate.plan}{tail}"
+                    ms = self._cached(key, lambda: self._time_tactic(kernel, tactic,  # noqa: B023
+                                                                     library, constants))  # noqa: B023
+                    if ms is not None:
+                        options.append((ms, tactic))
         if not options:
             return None
         best_ms, best = min(options, key=lambda option: option[0])
@@ -141,21 +148,22 @@ class _Selector:
         return measure.time_captured(stream, lambda: [launch(stream) for _ in range(COPIES)],
                                      replays=5, rounds=3) / COPIES
 
-    def _time_tactic(self, kernel: Kernel, vendor_op, folded: list[np.ndarray], tactic: Tactic,
-                     library) -> float | None:
-        """The tactic's milliseconds computing `vendor_op` (with the `folded` arrays after the kernel's
-        parameters); None where it fails or its output differs from TVM's function's."""
+    def _time_tactic(self, kernel: Kernel, tactic: Tactic, library, constants: dict[str, np.ndarray]
+                     ) -> float | None:
+        """The tactic's milliseconds computing `kernel`; None where it fails or its output differs from
+        TVM's function's."""
         timer = self._timer()
         output = timer.buffers[kernel.outputs[0].name]
         stream = timer.main_stream
         timer.launchers[kernel.id](stream)
         timer.synchronize()
         expected = output.numpy()
-        workspace = tactic.workspace and tvm.runtime.empty((tactic.workspace,), "uint8", timer.device)
-        arguments = [timer.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
-        arguments += [tvm.runtime.tensor(array, timer.device) for array in folded]
+        shapes = [((tactic.workspace,), "uint8")] if tactic.workspace else []
+        if tactic.split is not None:  # the head's value, which the tail reads
+            shapes.append((output.shape, kernel.vendor_op.head(tactic.split).out_dtype))
+        workspace = [tvm.runtime.empty(shape, dtype, timer.device) for shape, dtype in shapes]
         try:
-            launch = library.launcher(vendor_op, tactic.plan, arguments, workspace or None)
+            launch = timer.tactic_launcher(kernel, tactic, library, constants.__getitem__, *workspace)
             output.copyfrom(np.zeros(output.shape, output.dtype))
             launch(stream)
             timer.synchronize()

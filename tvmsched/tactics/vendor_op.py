@@ -7,7 +7,7 @@ kernel parameters it reads by position (the kernel is called as `symbol(*inputs,
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from tvmsched.errors import GraphError
 
@@ -109,6 +109,10 @@ class VendorOp:
         output's type: they cannot compute such a kernel as TVM does."""
         types = {self.anchor.accumulate_dtype} | {op.dtype for op in self.epilogue if op.kind == "cast"}
         return bool(types - {self.out_dtype, "float32"})
+
+    def head(self, count: int) -> VendorOp:
+        """The anchor and the first `count` epilogue ops alone."""
+        return replace(self, epilogue=self.epilogue[:count])
 
     @property
     def name(self) -> str:
