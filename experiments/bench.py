@@ -70,10 +70,12 @@ def measure(case: str, args) -> dict:
     reference = _pytorch(row, proto, module, x, args, precision)
     clock.lap("pytorch")
     tolerance = args.tolerance if precision == "fp32" else args.fp16_tolerance
-    # --merge auto checks the merged model against the unmerged one as dp schedules them
+    # --merge auto checks the merged model against the unmerged one as the rows' dp schedules them
+    dp = dict(schedule="dp", max_streams=args.streams,
+              **options_for("dp", stream_mapping=args.stream_mapping, time_orders=not args.stage_sums))
     model = tvmsched.compile(proto, target=args.target, tuned=not args.untuned, kernels=args.kernels,
                              precision=precision, layout=args.layout, merge=args.merge,
-                             schedule="dp" if args.merge == "auto" else "sequential")
+                             **(dp if args.merge == "auto" else {}))
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     row["implementations"] = model.graph.implementations()

@@ -21,7 +21,8 @@ from tvmsched.errors import ArtifactError, TargetError, UsageError
 from tvmsched.executor.sequential import SequentialExecutor
 from tvmsched.executor.streams import StageTimer, StreamsExecutor
 from tvmsched.schedule import create_scheduler
-from tvmsched.tactics import library, select
+from tvmsched.tactics import library, select, tail
+from tvmsched.tactics.library import Candidate
 from tvmsched.tactics.tail import split_point
 from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, VendorOp
 
@@ -215,17 +216,18 @@ def test_a_build_with_tactics_saves_loads_and_refuses_another_version(fake_cuda,
         tvmsched.load(tmp_path / "build")(x)
 
 
-@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("fp16", 2e-3)])
+@pytest.mark.parametrize("precision, tolerance, workspace", [("fp32", 1e-5, WORKSPACE), ("fp16", 2e-3, 0)])
 def test_split_tactics_run_the_plan_then_tvms_tail(fake_cuda, standin, monkeypatch, tmp_path, precision,
-                                                    tolerance):
+                                                    tolerance, workspace):
     """Where the library declines a kernel's epilogue, it computes the anchor and bias into the kernel's
-    intermediate tensor and TVM's tail function the rest (a clip, a residual add, a sigmoid, erf's GELU)."""
+    intermediate tensor and TVM's tail function the rest (a clip, a residual add, a sigmoid, erf's GELU);
+    the intermediate follows the plan's workspace, where the plan needs one."""
     declined = {"clip", "residual", "sigmoid", "gelu"}
-    offered = StandIn.candidates
 
     def candidates(self, vendor_op, limit):
-        return [] if declined & {op.kind for op in vendor_op.epilogue} else offered(self, vendor_op, limit)
+        return [] if declined & {op.kind for op in vendor_op.epilogue} else [Candidate("exact", workspace)]
     monkeypatch.setattr(StandIn, "candidates", candidates)
+    monkeypatch.setattr(tail, "wanted", lambda kernels, spec: True)  # as on a GPU with a library
     model = tvmsched.compile(network(), target="llvm", batch=2, precision=precision)
     selection = choose(model, "vendor", tmp_path / "tactics.json")
     split = [kernel for kernel in selection.graph.kernels
@@ -233,9 +235,8 @@ def test_split_tactics_run_the_plan_then_tvms_tail(fake_cuda, standin, monkeypat
     assert {op.kind for kernel in split for op in kernel.vendor_op.epilogue[kernel.tactic.split:]} >= declined
     assert selection.graph.implementations()["standin+tvm"] == len(split)
     for kernel in split:  # the intermediate follows the plan's workspace, in the head's dtype
-        assert [(tensor.shape, tensor.dtype) for tensor in kernel.workspace] == [
-            ((WORKSPACE,), "uint8"),
-            (kernel.outputs[0].shape, kernel.vendor_op.head(kernel.tactic.split).out_dtype)]
+        assert [(tensor.shape, tensor.dtype) for tensor in kernel.workspace] == [((workspace,), "uint8")] * (
+            workspace > 0) + [(kernel.outputs[0].shape, kernel.vendor_op.head(kernel.tactic.split).out_dtype)]
     plan = plan_schedule(selection.graph, create_scheduler("greedy", max_streams=2),
                          AnalyticCost(selection.graph), model.plan.context)
     assert_race_free(selection.graph, plan)
@@ -264,3 +265,13 @@ def test_split_point_leaves_the_library_its_bias_and_the_tail_the_rest():
     assert split_point(vendor_op("sigmoid")) == 0
     assert split_point(vendor_op("cast", "bias", "silu")) == 2
     assert vendor_op("bias", "silu").head(1) == vendor_op("bias")
+
+
+def test_a_tactic_without_a_split_is_written_as_before():
+    """So that graphs with tactics hash as they did, and builds saved before splits keep their plans."""
+    whole = library.Tactic("cudnn", "91900", "engine", 64)
+    assert whole.to_json() == {"schema": 1, "library": "cudnn", "version": "91900", "plan": "engine",
+                               "workspace": 64}
+    split = library.Tactic("cudnn", "91900", "engine", 64, split=1)
+    for tactic in (whole, split):
+        assert library.Tactic.from_json(tactic.to_json()) == tactic

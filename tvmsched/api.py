@@ -208,12 +208,14 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
 
 def whole_model_check(merged: CompiledModel, plain: CompiledModel) -> CompiledModel:
     """Of `merged` (some groups merged by `--merge auto`) and `plain` (none merged), the one whose plan
-    benchmarks faster, its meta recording both times (`merge_check`); the benchmarks' executors are closed. A
-    group that is faster merged alone need not make the whole plan faster."""
-    merged_ms, plain_ms = (model.benchmark()["median_ms"] for model in (merged, plain))
-    kept = merged if merged_ms < plain_ms else plain
+    benchmarks faster (each benchmarked alone, its executor closed after), its meta recording both times
+    (`merge_check`). A group that is faster merged alone need not make the whole plan faster."""
+    times = []
     for model in (merged, plain):
-        model.close()
+        with model:  # one executor at a time, closed after its benchmark
+            times.append(model.benchmark()["median_ms"])
+    merged_ms, plain_ms = times
+    kept = merged if merged_ms < plain_ms else plain
     return kept.with_meta(replace(kept.meta, merge_check=(merged_ms, plain_ms)))
 
 
@@ -237,7 +239,7 @@ def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSp
     workspace, and the logs used."""
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
     module = kernel_module(lowered)
-    if tail.wanted(kernels):
+    if tail.wanted(kernels, spec):
         module = tail.with_tails(module, graph)
     with applied(logs, workloads) as (database, keep_default, used):
         built = build_library(module, spec, database, keep_default)

@@ -21,6 +21,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from tvmsched.errors import GraphError
 from tvmsched.lower import LoweredModule, is_call_tir
+from tvmsched.tactics import tail
 from tvmsched.tactics.library import Tactic
 from tvmsched.tactics.vendor_op import VendorOp
 
@@ -149,12 +150,9 @@ class KernelGraph:
         writes and its tail reads (`tactics.tail`)."""
         def chosen(kernel: Kernel) -> Kernel:
             tactic = tactics[kernel.id]
-            shapes = [((tactic.workspace,), "uint8")] if tactic.workspace else []
-            if tactic.split is not None:
-                shapes.append((kernel.outputs[0].shape, kernel.vendor_op.head(tactic.split).out_dtype))
             workspace = tuple(TensorRef(f"k{kernel.id}.workspace{index}", shape, dtype, "kernel", kernel.id,
                                         len(kernel.outputs) + index)
-                              for index, (shape, dtype) in enumerate(shapes))
+                              for index, (shape, dtype) in enumerate(tail.workspace(kernel, tactic)))
             return replace(kernel, tactic=tactic, workspace=workspace)
         kernels = tuple(chosen(kernel) if kernel.id in tactics else kernel for kernel in self.kernels)
         return replace(self, kernels=kernels)

@@ -89,19 +89,19 @@ class Executor(ABC):
         self.vendor_arguments: dict[int, list] = {}  # by kernel: what its plan reads, folded weights too
         host = {name: value for name, value in constants.items() if isinstance(value, np.ndarray)}
         try:
-            self.launchers = {kernel.id: self._launcher(library, kernel, host) for kernel in graph.kernels}
+            self.launchers = {kernel.id: self._launcher(kernel, host) for kernel in graph.kernels}
         except BaseException:
             self.resources.close()
             raise
 
-    def _launcher(self, library, kernel: Kernel, host: dict[str, np.ndarray]) -> Launcher:
+    def _launcher(self, kernel: Kernel, host: dict[str, np.ndarray]) -> Launcher:
         """The kernel on its buffers (inputs, outputs, workspace): TVM's function or the tactic's plan (its
         folded weights, `tactics.affine`, from the `host` constants where given, else read from the device).
         """
         workspace = [self.buffers[tensor.name] for tensor in kernel.workspace]
         if kernel.tactic is None:
             arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
-            return tvm_launcher(self.device, library[kernel.symbol], arguments + workspace)
+            return tvm_launcher(self.device, self.library[kernel.symbol], arguments + workspace)
         tactic = kernel.tactic
         if tactic.library not in self.libraries:
             self.libraries[tactic.library] = open_library(tactic, self.resources)
@@ -112,20 +112,22 @@ class Executor(ABC):
     def tactic_launcher(self, kernel: Kernel, tactic: Tactic, library: VendorLibrary,
                         value: Callable[[str], np.ndarray], *workspace: tvm.runtime.Tensor) -> Launcher:
         """`tactic`'s plan from `library` on the kernel's buffers, its folded weights (`tactics.affine`) made
-        from the constants' host values `value(name)`, with `workspace`: the plan's (where it needs one), then
-        for a split tactic the intermediate value, which the plan writes and the kernel's tail function
-        (`tactics.tail`) reads, both on the launcher's stream."""
+        from the constants' host values `value(name)`, with `workspace` as `tactics.tail.workspace` lists it:
+        the plan's (where it needs one), then a split's head value, which the plan writes and the kernel's
+        tail function reads, both on the launcher's stream."""
         arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
         vendor_op, folded = vendor_call(kernel, value, tactic.split)
-        tail_arguments = [workspace[-1], *arguments] if tactic.split is not None else []
-        if tactic.split is not None:
-            arguments[vendor_op.output] = workspace[-1]
+        plan_workspace = workspace[0] if tactic.workspace else None
+        if tactic.split is None:
+            arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
+            self.vendor_arguments[kernel.id] = arguments
+            return library.launcher(vendor_op, tactic.plan, arguments, plan_workspace)
+        head = workspace[-1]
+        tail = tvm_launcher(self.device, self.library[tail_symbol(kernel.symbol)], [head, *arguments])
+        arguments[vendor_op.output] = head
         arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
         self.vendor_arguments[kernel.id] = arguments
-        plan = library.launcher(vendor_op, tactic.plan, arguments, workspace[0] if tactic.workspace else None)
-        if tactic.split is None:
-            return plan
-        tail = tvm_launcher(self.device, self.library[tail_symbol(kernel.symbol)], tail_arguments)
+        plan = library.launcher(vendor_op, tactic.plan, arguments, plan_workspace)
 
         def launch(stream) -> None:
             plan(stream)

@@ -46,8 +46,11 @@ class Tactic:
     split: int | None = None
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "library": self.library, "version": self.version, "plan": self.plan,
-                "workspace": self.workspace, "split": self.split}
+        """A tactic without a split is written as schema 1 wrote it, so that the graph hashes of builds with
+        tactics, and the plans and stage measurements keyed by them, stay what they were."""
+        data = {"schema": 1, "library": self.library, "version": self.version, "plan": self.plan,
+                "workspace": self.workspace}
+        return data if self.split is None else {**data, "schema": SCHEMA, "split": self.split}
 
     @classmethod
     def from_json(cls, data: dict) -> Tactic:

@@ -29,9 +29,9 @@ from tvmsched import measure
 from tvmsched.cache import cache_path, merge_into_cache, read_cache
 from tvmsched.errors import TargetError, check_choice
 from tvmsched.graph import Kernel, KernelGraph
+from tvmsched.tactics import tail
 from tvmsched.tactics.affine import vendor_call
 from tvmsched.tactics.library import LIBRARIES, Tactic, installed
-from tvmsched.tactics.tail import split_point
 from tvmsched.tactics.vendor_op import VendorOp
 
 LOGGER = logging.getLogger("tvmsched.tactics")
@@ -104,20 +104,24 @@ class _Selector:
     def choose(self, kernel: Kernel, mode: str, vendor_op: VendorOp,
                constants: dict[str, np.ndarray]) -> tuple[Tactic, tuple[float | None, float]] | None:
         """The fastest working tactic of `kernel`, whose libraries compute `vendor_op` (folded from the
-        `constants`, `tactics.affine`) or its head before the kernel's tail function (`tactics.tail`), with
+        `constants`, `tactics.affine`) or, where none of a library's whole plans works, its head before the
+        kernel's tail function (`tactics.tail`), with
         (TVM's ms, its ms); None where TVM's function wins or no plan works."""
         options = []
-        split = split_point(kernel.vendor_op)
+        split = tail.split_point(kernel.vendor_op)
         ways = [(None, vendor_op, "")]
         if split is not None:  # the tail is TVM's function of this build
             ways.append((split, vendor_call(kernel, constants.__getitem__, split)[0],
                          f"/tail-{kernel.workload}-{self.kernels_hash}"))
         for name, library in self.libraries.items():
-            for way, op, tail in ways:
+            working = len(options)
+            for way, op, suffix in ways:
+                if way is not None and len(options) > working:
+                    break  # a split only where the library's whole plans do not work
                 workload = _digest(op.to_json())
                 for candidate in library.candidates(op, MAX_PLANS):
                     tactic = Tactic(name, self.versions[name], candidate.plan, candidate.workspace, way)
-                    key = f"{self.device_name}/{name}-{tactic.version}/{workload}/{candidate.plan}{tail}"
+                    key = f"{self.device_name}/{name}-{tactic.version}/{workload}/{candidate.plan}{suffix}"
                     ms = self._cached(key, lambda: self._time_tactic(kernel, tactic,  # noqa: B023
                                                                      library, constants))  # noqa: B023
                     if ms is not None:
@@ -158,10 +162,8 @@ class _Selector:
         timer.launchers[kernel.id](stream)
         timer.synchronize()
         expected = output.numpy()
-        shapes = [((tactic.workspace,), "uint8")] if tactic.workspace else []
-        if tactic.split is not None:  # the head's value, which the tail reads
-            shapes.append((output.shape, kernel.vendor_op.head(tactic.split).out_dtype))
-        workspace = [tvm.runtime.empty(shape, dtype, timer.device) for shape, dtype in shapes]
+        workspace = [tvm.runtime.empty(shape, dtype, timer.device)
+                     for shape, dtype in tail.workspace(kernel, tactic)]
         try:
             launch = timer.tactic_launcher(kernel, tactic, library, constants.__getitem__, *workspace)
             output.copyfrom(np.zeros(output.shape, output.dtype))

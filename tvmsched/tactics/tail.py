@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 import tvm
 from tvm import te, tirx
 
-from tvmsched.tactics.library import installed
+from tvmsched.tactics.library import Tactic, installed
 from tvmsched.tactics.vendor_op import EpilogueOp, VendorOp
 
 if TYPE_CHECKING:
     from tvmsched.graph import Kernel, KernelGraph
+    from tvmsched.target import TargetSpec
 
 HEAD = ("bias", "subtract", "multiply", "divide")  # with a per-channel operand; casts too
 FUSED_EVERYWHERE = (("relu",),)  # tails not worth a split: every library fuses them with a bias
@@ -46,9 +47,19 @@ def tail_symbol(symbol: str) -> str:
     return f"{symbol}_tail"
 
 
-def wanted(kernels: str) -> bool:
-    """Whether a build choosing implementations by `kernels` compiles tails: where a library may be chosen."""
-    return kernels != "tvm" and bool(installed())
+def wanted(kernels: str, spec: TargetSpec) -> bool:
+    """Whether a build for `spec` choosing implementations by `kernels` compiles tails: where selection runs
+    (a CUDA target with its GPU here) and may choose a library."""
+    return kernels != "tvm" and spec.kind == "cuda" and tvm.cuda(0).exist and bool(installed())
+
+
+def workspace(kernel: Kernel, tactic: Tactic) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of the tensors `tactic` needs beside `kernel`'s parameters, in the order its launcher
+    takes them: the plan's workspace bytes, where it needs any, then a split's head value."""
+    shapes = [((tactic.workspace,), "uint8")] if tactic.workspace else []
+    if tactic.split is not None:
+        shapes.append((kernel.outputs[0].shape, kernel.vendor_op.head(tactic.split).out_dtype))
+    return shapes
 
 
 def with_tails(module: tvm.IRModule, graph: KernelGraph) -> tvm.IRModule:
