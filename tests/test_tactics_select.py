@@ -275,3 +275,13 @@ def test_a_tactic_without_a_split_is_written_as_before():
     split = library.Tactic("cudnn", "91900", "engine", 64, split=1)
     for tactic in (whole, split):
         assert library.Tactic.from_json(tactic.to_json()) == tactic
+
+
+def test_tuning_reads_what_builds_measured_of_the_vendor_plans(fake_cuda, standin, model, tmp_path):
+    cache = tmp_path / "tactics.json"
+    assert select.vendor_latencies(model.graph, model.constants, "cpu-test", cache) == {}
+    choose(model, "auto", cache)
+    recognized = {kernel.workload for kernel in model.graph.kernels if kernel.vendor_op is not None}
+    assert select.vendor_latencies(model.graph, model.constants, "cpu-test", cache) == dict.fromkeys(
+        recognized, 1.0)  # the stand-in's plan, timed at 1 ms
+    assert select.vendor_latencies(model.graph, model.constants, "another-gpu", cache) == {}

@@ -25,7 +25,7 @@ from tvmsched.lower import lower
 from tvmsched.target import resolve_target
 from tvmsched.tuning import TuneOptions, TuningLog, tune
 from tvmsched.tuning.kernels import RunControl
-from tvmsched.tuning.tune import TaskProgress, TuneResult
+from tvmsched.tuning.tune import Settled, TaskProgress, TuneResult
 
 LLVM = resolve_target("llvm")
 FAST = {"workers": 2, "search": "replay-trace", "cost_model": "random"}
@@ -566,8 +566,8 @@ def test_only_a_kernel_whose_first_search_measured_nothing_is_searched_again(mon
         control.result.tasks[index].trials += first_measures if context == "first" else trials
 
     monkeypatch.setattr(kernels, "_search", search)
-    task = TaskProgress("conv", "w1", weight=1, flops=1, bytes=1, trials_before=0)
-    tuning = kernels.KernelTuning(["first"], [1.0], 4, "", None, None, None, None, lambda: None,
+    task = TaskProgress("conv", "w1", weight=1, flops=1, bytes=1, trials_before=0, wanted=4)
+    tuning = kernels.KernelTuning(["first"], [1.0], "", None, None, None, None, lambda: None,
                                   patient_context=lambda index: "patient")
     kernels._tune_kernel(0, tuning, RunControl(TuneResult(log=None, tasks=[task]), budget_s=None), print)
     assert searched == (["first", "patient"] if first_measures == 0 else ["first"])
@@ -592,3 +592,18 @@ def test_a_search_past_the_budget_stops_at_its_next_prediction_and_builds_nothin
         assert [result.error_msg for result in results] == [CANCELLED] * 2
     finally:
         builder.shutdown()
+
+
+def test_a_kernel_a_vendor_plan_runs_faster_is_tuned_only_while_tvm_can_still_beat_it():
+    from tvmsched.tuning.tune import VENDOR_PROBE, VENDOR_REACH, trials_wanted
+
+    assert trials_wanted({}, 64, None) == 64  # no vendor plan: every trial
+    assert trials_wanted({"default_ms": 1.0}, 64, 2.0) == 64  # TVM's default is faster already
+    assert trials_wanted({"default_ms": 3.0}, 64, 2.0) == VENDOR_PROBE  # a probe first
+    assert trials_wanted({"default_ms": 3.0}, 8, 2.0) == 8
+    probed = {"default_ms": 3.0, "trials": VENDOR_PROBE}
+    assert trials_wanted({**probed, "best_ms": 2.0 * VENDOR_REACH}, 64, 2.0) == 64  # within reach: the rest
+    assert trials_wanted({**probed, "best_ms": 2.0 * VENDOR_REACH * 1.01}, 64, 2.0) is None  # out of reach
+    assert trials_wanted(probed, 64, 2.0) is None  # the probe found nothing valid
+    settled = Settled(weight=2, default_ms=3.0, best_ms=2.5, vendor_ms=2.0)
+    assert settled.latency_ms == 2.0  # what a build gets now: the vendor plan

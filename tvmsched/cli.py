@@ -553,10 +553,13 @@ def _tune(args) -> None:
 
     from tvmsched import frontend, zoo
     from tvmsched.api import model_proto
+    from tvmsched.graph import extract
     from tvmsched.lower import lower
     from tvmsched.rewrite import rewrite
-    from tvmsched.target import resolve_target
+    from tvmsched.tactics.select import vendor_latencies
+    from tvmsched.target import device_name, resolve_target
     from tvmsched.tuning import TuningLog, tune
+    from tvmsched.tuning.tune import VENDOR_PROBE
 
     names = [*args.models, *(zoo.list_models() if args.zoo == ["all"] else args.zoo)]
     if not names:
@@ -570,30 +573,37 @@ def _tune(args) -> None:
                           population=args.population, generations=args.generations,
                           cost_model=args.cost_model, rpc=args.rpc, workers=args.workers,
                           concurrent=args.concurrent)
-    modules = []
+    modules, vendor_ms = [], {}
     for name in names:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
             module = frontend.to_relax(proto, inputs, constants)
-            modules += [lower(rewrite(module, args.precision, args.layout, merge).module)
-                        for merge in _tuned_merges(args.merge)]
+            lowered = [lower(rewrite(module, args.precision, args.layout, merge).module)
+                       for merge in _tuned_merges(args.merge)]
+            modules += lowered
+            if spec.kind == "cuda":  # what builds measured of the vendor plans (`tune` measures none)
+                for part in lowered:
+                    graph, values = extract(part, [tensor.name for tensor in inputs])
+                    for workload, ms in vendor_latencies(graph, values, device_name(spec)).items():
+                        vendor_ms[workload] = min(ms, vendor_ms.get(workload, ms))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:
         row = bar.add_task(", ".join(names), total=None, status="extracting tasks")
-        report = _tune_reporter(bar, row, args.trials)
+        report = _tune_reporter(bar, row)
         if args.time_budget is not None:
             options = replace(options, time_budget_s=max(0.0, args.time_budget - time.monotonic() + started))
         try:
-            result = tune(modules, spec, log, options, progress=report)
+            result = tune(modules, spec, log, options, progress=report, vendor_ms=vendor_ms)
         except KeyboardInterrupt:
             console.print(f"stopped: the records measured so far are in {log.directory}")
             raise
         report(result, finished=True)
     stopped = " (time budget spent)" if result.stopped_by_budget else ""
     console.print(f"{result.trials} trials on {len(result.tasks)} kernels in {result.seconds:.0f} s"
-                  f"{stopped}; {result.skipped} kernels already had {args.trials} trials; "
+                  f"{stopped}; {result.skipped} kernels already had their trials (up to {args.trials}; "
+                  f"{VENDOR_PROBE} where a vendor plan stayed faster); "
                   f"{result.failed_builds} failed builds, {result.failed_runs} failed runs; "
                   f"log {log.directory}")
     for message in result.messages:
@@ -605,7 +615,7 @@ def _tuned_merges(merge: str | None) -> tuple[str, ...]:
     return {"auto": ("off", "all"), None: ("off",)}.get(merge, (merge,))
 
 
-def _tune_reporter(bar, row, trials: int):
+def _tune_reporter(bar, row):
     """A `tune` progress callback that updates one row of a rich Progress (trials, kernels done and being
     tuned, the estimated kernel time of one inference against the defaults', failed builds) and prints a
     line per finished kernel."""
@@ -625,7 +635,7 @@ def _tune_reporter(bar, row, trials: int):
         if result.failed_builds:
             status += f"; {result.failed_builds} failed builds"
         bar.update(row, completed=result.trials, status=status,
-                   total=sum(trials - task.trials_before for task in result.tasks))
+                   total=sum(task.wanted - task.trials_before for task in result.tasks))
     return report
 
 

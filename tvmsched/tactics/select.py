@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,6 +184,32 @@ class _Selector:
     def save(self) -> None:
         if self.measured:
             merge_into_cache(self.path, CACHE_SECTION, self.measured)
+
+
+def vendor_latencies(graph: KernelGraph, constants: dict[str, np.ndarray], device_name: str,
+                     cache: Path | None = None) -> dict[str, float]:
+    """By workload, the fastest time the tactics cache holds of a working vendor plan for a kernel of
+    `graph` (whole, or a split's head with its tail) on `device_name` with the installed libraries: what a
+    build gets from a library there. It measures nothing: kernels no build has timed are absent."""
+    entries = read_cache(cache or cache_path("tactics.json")).get(CACHE_SECTION, {})
+    libraries = [f"{device_name}/{name}-{version}/" for name, version in installed().items()]
+    found: dict[str, float] = {}
+    for kernel in graph.kernels:
+        if kernel.vendor_op is None:
+            continue
+        split = tail.split_point(kernel.vendor_op)
+        ways = [(None, lambda key: "/tail-" not in key)]
+        if split is not None:
+            marker = f"/tail-{kernel.workload}-"
+            ways.append((split, lambda key, marker=marker: marker in key))
+        for way, matches in ways:
+            digest = _digest(vendor_call(kernel, constants.__getitem__, way)[0].to_json())
+            prefixes = tuple(f"{library}{digest}/" for library in libraries)
+            times = [ms for key, ms in entries.items() if ms is not None and key.startswith(prefixes)
+                     and matches(key)]
+            if times:
+                found[kernel.workload] = min(min(times), found.get(kernel.workload, math.inf))
+    return found
 
 
 def relative_difference(actual: np.ndarray, expected: np.ndarray) -> float:

@@ -107,7 +107,6 @@ class KernelTuning:
 
     contexts: list  # one TuneContext per task of `result.tasks`, in the same order
     weights: list[float]
-    trials: int  # per kernel, over all runs
     work_dir: str
     builder: ms.builder.Builder
     runner: ms.runner.Runner
@@ -161,7 +160,7 @@ def _tune_kernel(index: int, tuning: KernelTuning, control: RunControl, report) 
     """One kernel's MetaSchedule run: its remaining trials, batch by batch, each batch's records committed
     as it is measured."""
     task = control.result.tasks[index]
-    trials = tuning.trials - task.trials_before
+    trials = task.wanted - task.trials_before
     task.state = "tuning"
     began = time.perf_counter()
     try:

@@ -100,12 +100,14 @@ class TaskProgress:
     seconds_before: float = 0.0  # spent tuning it in earlier runs
     exhausted: bool = False  # the search ran out of new candidates before `trials`
     state: str = "waiting"  # then "tuning", then "done" (all its trials, or exhausted) or "stopped"
+    wanted: int = 0  # trials to reach over all runs (`trials_wanted`)
+    vendor_ms: float | None = None  # the fastest vendor plan's, where a build timed one (tactics cache)
 
     @property
     def latency_ms(self) -> float | None:
-        """The latency a build gets now: the fastest of the default and the best tuned so far (None before
-        any is measured)."""
-        return _fastest(self.default_ms, self.best_ms_before, self.best_ms)
+        """The latency a build gets now: the fastest of the default, the best tuned so far and a vendor
+        plan (None before any is measured)."""
+        return _fastest(self.default_ms, self.best_ms_before, self.best_ms, self.vendor_ms)
 
     @property
     def priority(self) -> float:
@@ -121,11 +123,32 @@ class Settled:
     weight: int
     default_ms: float | None
     best_ms: float | None
+    vendor_ms: float | None = None
 
     @property
     def latency_ms(self) -> float | None:
-        """The latency a build gets: the faster of default and best tuned (None if neither was measured)."""
-        return _fastest(self.default_ms, self.best_ms)
+        """The latency a build gets: the fastest of default, best tuned and a vendor plan (None if none was
+        measured)."""
+        return _fastest(self.default_ms, self.best_ms, self.vendor_ms)
+
+
+# A kernel that a vendor plan runs faster than TVM so far gets VENDOR_PROBE trials; the rest of --trials
+# only where its best tuned came within VENDOR_REACH of the plan's time (TVM can still beat it there).
+VENDOR_PROBE = 16
+VENDOR_REACH = 1.25
+
+
+def trials_wanted(entry: dict, trials: int, vendor_ms: float | None) -> int | None:
+    """The trials a kernel (its manifest `entry`) is tuned to over all runs: `trials`, but `VENDOR_PROBE`
+    where a vendor plan (`vendor_ms`) runs it faster than its default and best tuned so far, and None (no
+    more) once those trials left its best tuned more than `VENDOR_REACH` times the plan's time."""
+    tvm_ms = _fastest(entry.get("default_ms"), entry.get("best_ms"))
+    if vendor_ms is None or (tvm_ms is not None and tvm_ms <= vendor_ms):
+        return trials
+    if entry.get("trials", 0) < VENDOR_PROBE:
+        return min(trials, VENDOR_PROBE)
+    best = entry.get("best_ms")
+    return trials if best is not None and best <= VENDOR_REACH * vendor_ms else None
 
 
 def _fastest(*latencies: float | None) -> float | None:
@@ -176,19 +199,22 @@ def workload_key(task: ms.ExtractedTask) -> str:
 
 
 def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log: TuningLog,
-         options: TuneOptions, progress: Callable[[TuneResult], None] = lambda result: None) -> TuneResult:
+         options: TuneOptions, progress: Callable[[TuneResult], None] = lambda result: None,
+         vendor_ms: dict[str, float] | None = None) -> TuneResult:
     """Tune the kernels of one or several lowered models for `spec` into `log`.
 
     First the default schedule of every kernel not measured before is measured (kept in the manifest);
     then kernels are tuned the slowest in total first over all models (weight × the latency a build gets
-    now: the default's, or the best tuned so far where faster), so a time budget goes where it matters.
-    `progress` is called after every measured batch."""
+    now: the default's, the best tuned so far or a vendor plan's, whichever is fastest), so a time budget
+    goes where it matters. `vendor_ms` holds, by workload, the vendor plans' times builds measured
+    (`tactics.select.vendor_latencies`): a kernel a plan runs faster gets trials only where TVM can still
+    beat it (`trials_wanted`). `progress` is called after every measured batch."""
     modules = [lowered] if isinstance(lowered, LoweredModule) else list(lowered)
     with log.locked():
         manifest = log.manifest()
         entries = manifest["workloads"]
         target = _tuning_target(spec)
-        tasks, todo, settled = _collect(modules, target, entries, options.trials)
+        tasks, todo, settled = _collect(modules, target, entries, options.trials, vendor_ms or {})
         result = TuneResult(log, tasks, settled)
         if not todo:
             return result
@@ -276,14 +302,14 @@ def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurren
 
     contexts, weights = contexts_with(_strategy(options), todo)
     cost_model = SharedCostModel(ms.CostModel.create(options.cost_model, num_tuning_cores=cores), over)
-    return KernelTuning(contexts, weights, options.trials, work_dir, builder, runner, database, cost_model,
+    return KernelTuning(contexts, weights, work_dir, builder, runner, database, cost_model,
                         checkpoint, patient_context if options.search == "evolutionary" else None)
 
 
-def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: dict, trials: int
-             ) -> tuple[list[TaskProgress], list[ms.ExtractedTask], list[Settled]]:
-    """The unique kernels of `modules` (weights summed over the models): those that still need trials and
-    their MetaSchedule tasks, and those that had them (or are scheduled already)."""
+def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: dict, trials: int,
+             vendor_ms: dict[str, float]) -> tuple[list[TaskProgress], list[ms.ExtractedTask], list[Settled]]:
+    """The unique kernels of `modules` (weights summed over the models): those that still need trials
+    (`trials_wanted`) and their MetaSchedule tasks, and those that had them (or are scheduled already)."""
     first: dict[str, ms.ExtractedTask] = {}
     weights: dict[str, int] = {}
     for module in modules:
@@ -293,16 +319,17 @@ def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: d
             weights[key] = weights.get(key, 0) + int(task.weight)
     tasks, todo, settled = [], [], []
     for key, task in first.items():
-        weight, entry = weights[key], entries.get(key, {})
-        if (entry.get("trials", 0) >= trials or entry.get("exhausted")
+        weight, entry, vendor = weights[key], entries.get(key, {}), vendor_ms.get(key)
+        wanted = trials_wanted(entry, trials, vendor)
+        if (wanted is None or entry.get("trials", 0) >= wanted or entry.get("exhausted")
                 or task.mod.attrs.get("tirx.is_scheduled", False)):
-            settled.append(Settled(weight, entry.get("default_ms"), entry.get("best_ms")))
+            settled.append(Settled(weight, entry.get("default_ms"), entry.get("best_ms"), vendor))
             continue
         function = task.dispatched[0]
         tasks.append(TaskProgress(task.task_name, key, weight, int(estimate_tir_flops(function)),
                                   _traffic(function["main"]), entry.get("trials", 0), entry.get("default_ms"),
                                   best_ms_before=entry.get("best_ms"),
-                                  seconds_before=entry.get("seconds", 0.0)))
+                                  seconds_before=entry.get("seconds", 0.0), wanted=wanted, vendor_ms=vendor))
         todo.append(_anonymous(task))
     return tasks, todo, settled
 
