@@ -605,5 +605,7 @@ def test_a_kernel_a_vendor_plan_runs_faster_is_tuned_only_while_tvm_can_still_be
     assert trials_wanted({**probed, "best_ms": 2.0 * VENDOR_REACH}, 64, 2.0) == 64  # within reach: the rest
     assert trials_wanted({**probed, "best_ms": 2.0 * VENDOR_REACH * 1.01}, 64, 2.0) is None  # out of reach
     assert trials_wanted(probed, 64, 2.0) is None  # the probe found nothing valid
-    settled = Settled(weight=2, default_ms=3.0, best_ms=2.5, vendor_ms=2.0)
+    settled = Settled(weight=2, default_ms=3.0, best_ms=2.6, vendor_ms=2.0, left_to_vendor=True)
     assert settled.latency_ms == 2.0  # what a build gets now: the vendor plan
+    result = TuneResult(log=None, tasks=[], settled=[settled, Settled(1, 1.0, None)])
+    assert (result.skipped, result.left_to_vendor, result.estimated_ms) == (2, 1, 5.0)

@@ -24,7 +24,14 @@ from tvmsched.frontend import parse_input_shape
 from tvmsched.layout import LAYOUTS
 from tvmsched.precision import PRECISIONS
 from tvmsched.rewrite import MERGES
-from tvmsched.tuning.tune import CONCURRENT, COST_MODELS, SEARCH_STRATEGIES, TuneOptions
+from tvmsched.tuning.tune import (
+    CONCURRENT,
+    COST_MODELS,
+    SEARCH_STRATEGIES,
+    VENDOR_PROBE,
+    VENDOR_REACH,
+    TuneOptions,
+)
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -183,6 +190,11 @@ def _add_tune_command(commands) -> None:
                            f"{TuneOptions.generations})")
     tune.add_argument("--cost-model", choices=COST_MODELS, default="xgb",
                       help="the model that ranks candidates before measuring (default xgb)")
+    tune.add_argument("--ignore-vendor-plans", action="store_true",
+                      help=f"tune every kernel to --trials, also those a cuDNN or cuBLASLt plan (as a build "
+                           f"on this GPU timed it) runs faster; by default such a kernel gets {VENDOR_PROBE} "
+                           f"trials, and the rest only where TVM came within {VENDOR_REACH}x of the plan "
+                           f"(use it for logs meant for builds without the vendor libraries)")
     tune.add_argument("--rpc", metavar="HOST:PORT:KEY",
                       help="measure on the devices registered with this TVM RPC tracker under KEY")
     tune.add_argument("--workers", type=_positive, default=None, help="parallel builds (default: every core)")
@@ -549,6 +561,7 @@ def _profile(args) -> None:
 
 
 def _tune(args) -> None:
+    import tvm
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tvmsched import frontend, zoo
@@ -559,7 +572,6 @@ def _tune(args) -> None:
     from tvmsched.tactics.select import vendor_latencies
     from tvmsched.target import device_name, resolve_target
     from tvmsched.tuning import TuningLog, tune
-    from tvmsched.tuning.tune import VENDOR_PROBE
 
     names = [*args.models, *(zoo.list_models() if args.zoo == ["all"] else args.zoo)]
     if not names:
@@ -582,7 +594,8 @@ def _tune(args) -> None:
             lowered = [lower(rewrite(module, args.precision, args.layout, merge).module)
                        for merge in _tuned_merges(args.merge)]
             modules += lowered
-            if spec.kind == "cuda":  # what builds measured of the vendor plans (`tune` measures none)
+            if spec.kind == "cuda" and tvm.cuda(0).exist and not args.ignore_vendor_plans:
+                # what builds measured of the vendor plans here (`tune` measures none)
                 for part in lowered:
                     graph, values = extract(part, [tensor.name for tensor in inputs])
                     for workload, ms in vendor_latencies(graph, values, device_name(spec)).items():
@@ -601,11 +614,16 @@ def _tune(args) -> None:
             raise
         report(result, finished=True)
     stopped = " (time budget spent)" if result.stopped_by_budget else ""
+    vendor = (f" ({result.left_to_vendor} left to their vendor plan: TVM's best stayed more than "
+              f"{VENDOR_REACH}x its time)" if result.left_to_vendor else "")
     console.print(f"{result.trials} trials on {len(result.tasks)} kernels in {result.seconds:.0f} s"
-                  f"{stopped}; {result.skipped} kernels already had their trials (up to {args.trials}; "
-                  f"{VENDOR_PROBE} where a vendor plan stayed faster); "
+                  f"{stopped}; {result.skipped} kernels already had their trials{vendor}; "
                   f"{result.failed_builds} failed builds, {result.failed_runs} failed runs; "
                   f"log {log.directory}")
+    if vendor_ms:
+        console.print(f"  {len(vendor_ms)} kernels have a vendor plan timed by a build: one faster than TVM "
+                      f"gets {VENDOR_PROBE} trials, the rest of --trials in a later run only if TVM comes "
+                      f"within {VENDOR_REACH}x of it (--ignore-vendor-plans: every trial)")
     for message in result.messages:
         console.print(f"  failure: {message}")
 

@@ -98,7 +98,7 @@ class TaskProgress:
     best_ms_before: float | None = None  # earlier runs'
     seconds: float = 0.0  # this run
     seconds_before: float = 0.0  # spent tuning it in earlier runs
-    exhausted: bool = False  # the search ran out of new candidates before `trials`
+    exhausted: bool = False  # the search ran out of new candidates before `wanted`
     state: str = "waiting"  # then "tuning", then "done" (all its trials, or exhausted) or "stopped"
     wanted: int = 0  # trials to reach over all runs (`trials_wanted`)
     vendor_ms: float | None = None  # the fastest vendor plan's, where a build timed one (tactics cache)
@@ -124,6 +124,7 @@ class Settled:
     default_ms: float | None
     best_ms: float | None
     vendor_ms: float | None = None
+    left_to_vendor: bool = False  # skipped: its probe left TVM more than VENDOR_REACH behind the vendor plan
 
     @property
     def latency_ms(self) -> float | None:
@@ -132,8 +133,9 @@ class Settled:
         return _fastest(self.default_ms, self.best_ms, self.vendor_ms)
 
 
-# A kernel that a vendor plan runs faster than TVM so far gets VENDOR_PROBE trials; the rest of --trials
-# only where its best tuned came within VENDOR_REACH of the plan's time (TVM can still beat it there).
+# A kernel that a vendor plan runs faster than TVM so far gets VENDOR_PROBE trials; the rest of --trials,
+# in a later run, only where its best tuned came within VENDOR_REACH of the plan's time (TVM can still beat
+# it there).
 VENDOR_PROBE = 16
 VENDOR_REACH = 1.25
 
@@ -173,14 +175,19 @@ class TuneResult:
 
     @property
     def skipped(self) -> int:
-        """Kernels that already had their trials."""
+        """Kernels that already had their trials, or are left to their vendor plan."""
         return len(self.settled)
 
     @property
+    def left_to_vendor(self) -> int:
+        """Kernels skipped because their probe left TVM more than VENDOR_REACH behind the vendor plan."""
+        return sum(kernel.left_to_vendor for kernel in self.settled)
+
+    @property
     def estimated_ms(self) -> float | None:
-        """Σ weight × latency over the models' kernels, each at its `latency_ms` (the faster of default
-        and best tuned), those that had their trials included; the kernel time of one inference of each
-        model. None before any measurement."""
+        """Σ weight × latency over the models' kernels, each at its `latency_ms` (the fastest of default,
+        best tuned and vendor plan), those that had their trials included; the kernel time of one inference
+        of each model. None before any measurement."""
         known = [(kernel.weight, kernel.latency_ms) for kernel in [*self.tasks, *self.settled]]
         return sum(weight * ms_ for weight, ms_ in known if ms_ is not None) or None
 
@@ -238,6 +245,10 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
         try:
             with control.interrupts():
                 _measure_defaults(tasks, todo, spec, target, builder, runner, control)
+                for task in tasks:  # a default faster than the vendor plan gets every trial
+                    measured = {"default_ms": task.default_ms, "best_ms": task.best_ms_before,
+                                "trials": task.trials_before}
+                    task.wanted = trials_wanted(measured, options.trials, task.vendor_ms) or task.wanted
                 checkpoint()
                 builder.stop_when(control.over)  # the search's batches, not the defaults, end with the run
                 order = sorted(range(len(tasks)), key=lambda index: tasks[index].priority, reverse=True)
@@ -323,7 +334,8 @@ def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: d
         wanted = trials_wanted(entry, trials, vendor)
         if (wanted is None or entry.get("trials", 0) >= wanted or entry.get("exhausted")
                 or task.mod.attrs.get("tirx.is_scheduled", False)):
-            settled.append(Settled(weight, entry.get("default_ms"), entry.get("best_ms"), vendor))
+            settled.append(Settled(weight, entry.get("default_ms"), entry.get("best_ms"), vendor,
+                                   left_to_vendor=wanted is None))
             continue
         function = task.dispatched[0]
         tasks.append(TaskProgress(task.task_name, key, weight, int(estimate_tir_flops(function)),
