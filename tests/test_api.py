@@ -157,7 +157,7 @@ def test_reschedule_closes_its_plan_timer_also_when_the_search_is_interrupted(br
     assert fake_cuda.made["graph_exec"] > 1 and fake_cuda.made == fake_cuda.destroyed
     assert json.loads((tmp_path / "costs0.json").read_text())[key]
 
-    def interrupted(timer, order):
+    def interrupted(timer, order, **options):
         raise KeyboardInterrupt  # Ctrl-C while dp times whole plans
 
     monkeypatch.setattr(StageTimer, "time_order", interrupted)

@@ -157,3 +157,21 @@ def test_every_recognized_kernel_runs_in_a_library_whole_or_split(private_cache,
             np.testing.assert_allclose(scheduled(x), expected, rtol=1e-4, atol=1e-5)
     loaded = tvmsched.load(model.save(tmp_path / "build"))
     np.testing.assert_allclose(loaded(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_dp_chooses_each_vendor_kernels_implementation_in_its_stage(branchy_model, private_cache):
+    """Concurrency-aware tactics on the GPU: dp times its plan with TVM's function for each vendor kernel in
+    a stage of several groups, records what it tried and kept, and the plan still computes the model."""
+    from tvmsched.tactics import in_plan
+
+    model = tvmsched.compile(branchy_model, target="cuda", batch=4, kernels="vendor", schedule="dp",
+                             max_streams=2)
+    candidates = in_plan.concurrent_kernels(model.graph, model.plan)
+    stats = model.plan.schedule.get("tvm_in_stage")
+    assert (stats is not None) == bool(candidates), model.plan.schedule
+    if stats:
+        assert stats["tried"] == len(candidates) and list(model.plan.tvm_kernels) == stats["kept"]
+        before, after = model.plan.schedule["in_plan_ms"]
+        assert after <= before
+    x = np.random.default_rng(9).standard_normal((4, 3, 8, 8)).astype("float32")
+    np.testing.assert_allclose(model(x), _reference(branchy_model, x), rtol=1e-5, atol=1e-5)

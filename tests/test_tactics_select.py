@@ -21,7 +21,7 @@ from tvmsched.errors import ArtifactError, TargetError, UsageError
 from tvmsched.executor.sequential import SequentialExecutor
 from tvmsched.executor.streams import StageTimer, StreamsExecutor
 from tvmsched.schedule import create_scheduler
-from tvmsched.tactics import library, select, tail
+from tvmsched.tactics import in_plan, library, select, tail
 from tvmsched.tactics.library import Candidate
 from tvmsched.tactics.tail import split_point
 from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, VendorOp
@@ -131,7 +131,11 @@ def test_selection_takes_the_fastest_plan_whose_output_matches(fake_cuda, standi
     assert StandIn.released == 1  # the library's handles go with the selection
     for kernel in selection.graph.kernels:
         if kernel.tactic:
-            assert [(tensor.shape, tensor.dtype) for tensor in kernel.workspace] == [((WORKSPACE,), "uint8")]
+            # the tactic's workspace follows TVM's, which the kernel keeps
+            tvm_workspace = model.graph.kernels[kernel.id].workspace
+            assert kernel.workspace[:len(tvm_workspace)] == kernel.tvm_workspace == tvm_workspace
+            assert [(tensor.shape, tensor.dtype) for tensor in kernel.workspace[len(tvm_workspace):]] == [
+                ((WORKSPACE,), "uint8")]
 
 
 def test_tvm_kept_where_faster_unless_vendor_is_asked(fake_cuda, standin, model, tmp_path):
@@ -234,8 +238,9 @@ def test_split_tactics_run_the_plan_then_tvms_tail(fake_cuda, standin, monkeypat
              if kernel.tactic and kernel.tactic.split is not None]
     assert {op.kind for kernel in split for op in kernel.vendor_op.epilogue[kernel.tactic.split:]} >= declined
     assert selection.graph.implementations()["standin+tvm"] == len(split)
-    for kernel in split:  # the intermediate follows the plan's workspace, in the head's dtype
-        assert [(tensor.shape, tensor.dtype) for tensor in kernel.workspace] == [((workspace,), "uint8")] * (
+    for kernel in split:  # the intermediate follows the plan's workspace, in the head's dtype, after TVM's
+        tactic_workspace = kernel.workspace[len(kernel.tvm_workspace):]
+        assert [(tensor.shape, tensor.dtype) for tensor in tactic_workspace] == [((workspace,), "uint8")] * (
             workspace > 0) + [(kernel.outputs[0].shape, kernel.vendor_op.head(kernel.tactic.split).out_dtype)]
     plan = plan_schedule(selection.graph, create_scheduler("greedy", max_streams=2),
                          AnalyticCost(selection.graph), model.plan.context)
@@ -285,3 +290,47 @@ def test_tuning_reads_what_builds_measured_of_the_vendor_plans(fake_cuda, standi
     assert select.vendor_latencies(model.graph, model.constants, "cpu-test", cache) == dict.fromkeys(
         recognized, 1.0)  # the stand-in's plan, timed at 1 ms
     assert select.vendor_latencies(model.graph, model.constants, "another-gpu", cache) == {}
+
+
+class PlanTimes:
+    """A stand-in cost that times whole plans only: 10 ms, less 1 for each kernel of `faster` that runs
+    TVM's function; records what it was asked."""
+
+    def __init__(self, faster: set[int]):
+        self.faster, self.asked = faster, []
+
+    def order_latency(self, order, tvm_kernels=()):
+        self.asked.append(tuple(tvm_kernels))
+        return 10.0 - len(self.faster & set(tvm_kernels))
+
+
+def test_dp_runs_tvms_function_where_the_whole_plan_is_faster_so(fake_cuda, standin, model, tmp_path):
+    """Concurrency-aware tactics: a vendor kernel in a stage of several groups is tried with TVM's function
+    (the kernel keeps TVM's workspace), and kept so where the whole plan times faster; the plan records it,
+    the executors run it, a save and a load keep it."""
+    scheduled = with_tactics(model, tmp_path)
+    candidates = in_plan.concurrent_kernels(scheduled.graph, scheduled.plan)
+    assert candidates and all(scheduled.graph.kernels[kernel].tactic for kernel in candidates)
+    assert in_plan.choose_in_plan(scheduled.graph, scheduled.plan, AnalyticCost(scheduled.graph)) is \
+        scheduled.plan  # a cost that times no whole plan changes nothing
+    chosen = candidates[-1]
+    cost = PlanTimes({chosen})
+    plan = in_plan.choose_in_plan(scheduled.graph, scheduled.plan, cost)
+    assert plan.tvm_kernels == (chosen,) and len(cost.asked) == len(candidates) + 1
+    assert plan.schedule["tvm_in_stage"] == {"tried": len(candidates), "kept": [chosen]}
+    assert plan.schedule["in_plan_ms"] == [10.0, 9.0]
+    plan.validate(scheduled.graph)
+    assert_race_free(scheduled.graph, plan)
+    x = RNG.standard_normal((2, 3, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(network(), {"input": x})
+    vendor = sum(kernel.tactic is not None for kernel in scheduled.graph.kernels)
+    for executor in (SequentialExecutor, StreamsExecutor):
+        StandIn.launched.clear()
+        with executor(model.library, scheduled.graph, plan, model.constants, tvm.cpu()) as running:
+            [actual] = running.run([x])
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+        assert len(StandIn.launched) == vendor - 1  # the chosen kernel ran TVM's function
+    built = CompiledModel(model.library, scheduled.graph, plan, model.constants, model.meta)
+    loaded = tvmsched.load(built.save(tmp_path / "in_plan"))
+    assert loaded.plan.tvm_kernels == (chosen,)
+    np.testing.assert_allclose(loaded(x), expected, rtol=1e-4, atol=1e-5)

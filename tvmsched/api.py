@@ -35,6 +35,7 @@ from tvmsched.precision import PRECISIONS
 from tvmsched.rewrite import MERGES, rewrite
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics import tail
+from tvmsched.tactics.in_plan import choose_in_plan
 from tvmsched.tactics.select import MODES, Selection, select_tactics
 from tvmsched.target import (
     TargetSpec,
@@ -319,11 +320,15 @@ class CompiledModel:
         """The same compiled kernels under another schedule and executor (nothing is recompiled).
 
         `cost` is the stage-latency source: `measured` (on the GPU, cached) or `analytic`; the default is
-        measured where this build's GPU is present, analytic otherwise.
+        measured where this build's GPU is present, analytic otherwise. With dp and measured costs, a
+        kernel that a vendor plan runs in a stage of several groups runs TVM's function where that makes the
+        whole plan faster (`tactics.in_plan`).
         """
         scheduler = create_scheduler(schedule, max_streams=max_streams, **schedule_options)
         with self.cost_model(cost, max_streams) as cost_model:  # saves measurements also when interrupted
             plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
+            if scheduler.name == "dp":  # each vendor kernel's implementation for the stage it runs in
+                plan = choose_in_plan(self.graph, plan, cost_model)
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor,
                              self.selection)
 

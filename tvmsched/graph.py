@@ -81,6 +81,14 @@ class Kernel:
         return self.tactic.library + "+tvm" * (self.tactic.split is not None)
 
     @property
+    def tvm_workspace(self) -> tuple[TensorRef, ...]:
+        """The workspace TVM's function takes: all of it without a tactic, else what precedes the tactic's
+        (`tactics.tail.workspace`), which a kernel keeps so that either implementation can run."""
+        if self.tactic is None:
+            return self.workspace
+        return self.workspace[:len(self.workspace) - len(tail.workspace(self, self.tactic))]
+
+    @property
     def written(self) -> tuple[TensorRef, ...]:
         """Every tensor the kernel writes, each needing a buffer: its outputs, then its workspace."""
         return self.outputs + self.workspace
@@ -145,15 +153,14 @@ class KernelGraph:
         return counts
 
     def with_tactics(self, tactics: dict[int, Tactic]) -> KernelGraph:
-        """The graph with the kernels `tactics` names running their tactic, each with the workspace its plan
-        needs (one byte buffer) instead of TVM's, then for a split tactic the intermediate value its plan
-        writes and its tail reads (`tactics.tail`)."""
+        """The graph with the kernels `tactics` names running their tactic, each keeping TVM's workspace and
+        given the tactic's after it (`tactics.tail.workspace`: the plan's bytes, a split's head value)."""
         def chosen(kernel: Kernel) -> Kernel:
-            tactic = tactics[kernel.id]
+            tactic, kept = tactics[kernel.id], kernel.tvm_workspace
+            shapes = enumerate(tail.workspace(kernel, tactic), len(kept))
             workspace = tuple(TensorRef(f"k{kernel.id}.workspace{index}", shape, dtype, "kernel", kernel.id,
-                                        len(kernel.outputs) + index)
-                              for index, (shape, dtype) in enumerate(tail.workspace(kernel, tactic)))
-            return replace(kernel, tactic=tactic, workspace=workspace)
+                                        len(kernel.outputs) + index) for index, (shape, dtype) in shapes)
+            return replace(kernel, tactic=tactic, workspace=kept + workspace)
         kernels = tuple(chosen(kernel) if kernel.id in tactics else kernel for kernel in self.kernels)
         return replace(self, kernels=kernels)
 

@@ -35,6 +35,9 @@ class ExecutionPlan:
     memory: MemoryPlan
     context: dict = field(default_factory=dict)  # target key, device, batch: what the plan was made for
     schedule: dict = field(default_factory=dict)  # the scheduler's stages and statistics, for people
+    # kernels that run TVM's function in this plan instead of their tactic (chosen for the stage they run
+    # in, `tactics.in_plan`)
+    tvm_kernels: tuple[int, ...] = ()
 
     @property
     def num_streams(self) -> int:
@@ -58,12 +61,17 @@ class ExecutionPlan:
                 raise GraphError(f"plan launches kernel {launch.kernel} without waiting for its inputs from "
                                  f"kernels {unordered}")
         self.memory.validate(graph, order)
+        without = [kernel for kernel in self.tvm_kernels if graph.kernels[kernel].tactic is None]
+        if without:
+            raise GraphError(f"plan runs TVM's function instead of the tactic of kernels {without}, which "
+                             f"have none; rebuild it")
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "graph_hash": self.graph_hash, "scheduler": self.scheduler,
                 **self.context, "num_streams": self.num_streams,
                 "launches": [[launch.kernel, launch.stream, list(launch.waits)] for launch in self.launches],
-                "memory": self.memory.to_json(), "schedule": self.schedule}
+                "memory": self.memory.to_json(), "schedule": self.schedule,
+                "tvm_kernels": list(self.tvm_kernels)}
 
     @classmethod
     def from_json(cls, data: dict) -> ExecutionPlan:
@@ -75,7 +83,7 @@ class ExecutionPlan:
             context = {key: data[key] for key in CONTEXT_KEYS if key in data}
             memory = MemoryPlan.from_json(data["memory"])
             return cls(data["graph_hash"], data["scheduler"], launches, memory, context,
-                       data.get("schedule", {}))
+                       data.get("schedule", {}), tuple(data.get("tvm_kernels", ())))
         except (KeyError, TypeError, ValueError) as error:
             raise ArtifactError(f"plan.json is malformed ({type(error).__name__}: {error}); "
                                 f"rebuild the model") from error
@@ -152,11 +160,14 @@ def add_waits(graph: KernelGraph, order: list[tuple[int, int]]) -> tuple[Launch,
 
 
 def make_plan(graph: KernelGraph, order: list[tuple[int, int]], scheduler: str,
-              context: dict | None = None, schedule: dict | None = None) -> ExecutionPlan:
-    """The validated plan for a scheduler's (kernel, stream) issue order."""
+              context: dict | None = None, schedule: dict | None = None,
+              tvm_kernels: tuple[int, ...] = ()) -> ExecutionPlan:
+    """The validated plan for a scheduler's (kernel, stream) issue order (`tvm_kernels`: kernels that run
+    TVM's function instead of their tactic)."""
     launches = add_waits(graph, order)
     memory = plan_memory(graph, HappensBefore(launches), launches)
-    plan = ExecutionPlan(graph.hash, scheduler, launches, memory, dict(context or {}), dict(schedule or {}))
+    plan = ExecutionPlan(graph.hash, scheduler, launches, memory, dict(context or {}), dict(schedule or {}),
+                         tuple(tvm_kernels))
     plan.validate(graph)
     return plan
 

@@ -45,9 +45,11 @@ class CostModel(ABC):
     def stage_latency(self, groups: tuple[tuple[int, ...], ...]) -> float:
         """Milliseconds from the stage's start until its last kernel completes."""
 
-    def order_latency(self, order: tuple[tuple[int, int], ...]) -> float | None:
+    def order_latency(self, order: tuple[tuple[int, int], ...], tvm_kernels: tuple[int, ...] = ()
+                      ) -> float | None:
         """Milliseconds of (kernel, stream) launches in this order run as the executor runs them: event
-        waits between streams, no barrier between stages; None where the source times stages only."""
+        waits between streams, no barrier between stages, `tvm_kernels` running TVM's function instead of
+        their tactic; None where the source times stages only."""
         return None
 
     def kernel_latency(self, kernel: int) -> float:

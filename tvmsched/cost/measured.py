@@ -58,9 +58,11 @@ class MeasuredCost(CostModel):
         signature = "|".join(sorted(",".join(map(str, group)) for group in groups))
         return self._cached(signature, lambda: self.timer.time_stage(groups))
 
-    def order_latency(self, order: tuple[tuple[int, int], ...]) -> float:
+    def order_latency(self, order: tuple[tuple[int, int], ...], tvm_kernels: tuple[int, ...] = ()) -> float:
         signature = "order:" + ",".join(f"{kernel}@{stream}" for kernel, stream in order)
-        return self._cached(signature, lambda: self.timer.time_order(order))
+        if tvm_kernels:
+            signature += "/tvm:" + ",".join(map(str, sorted(tvm_kernels)))
+        return self._cached(signature, lambda: self.timer.time_order(order, tvm_kernels=tvm_kernels))
 
     def _cached(self, signature: str, measure) -> float:
         """The cached latency under `signature`, else `measure()`'s (saved every 200 measurements)."""

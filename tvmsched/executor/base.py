@@ -95,19 +95,20 @@ class Executor(ABC):
             raise
 
     def _launcher(self, kernel: Kernel, host: dict[str, np.ndarray]) -> Launcher:
-        """The kernel on its buffers (inputs, outputs, workspace): TVM's function or the tactic's plan (its
-        folded weights, `tactics.affine`, from the `host` constants where given, else read from the device).
-        """
+        """The kernel on its buffers (inputs, outputs, workspace): TVM's function (where it has no tactic,
+        or the plan runs TVM's for it) or the tactic's plan (its folded weights, `tactics.affine`, from the
+        `host` constants where given, else read from the device)."""
         workspace = [self.buffers[tensor.name] for tensor in kernel.workspace]
-        if kernel.tactic is None:
+        if kernel.tactic is None or kernel.id in self.plan.tvm_kernels:
             arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
-            return tvm_launcher(self.device, self.library[kernel.symbol], arguments + workspace)
+            tvm_workspace = workspace[:len(kernel.tvm_workspace)]
+            return tvm_launcher(self.device, self.library[kernel.symbol], arguments + tvm_workspace)
         tactic = kernel.tactic
         if tactic.library not in self.libraries:
             self.libraries[tactic.library] = open_library(tactic, self.resources)
         return self.tactic_launcher(kernel, tactic, self.libraries[tactic.library],
                                     lambda name: host[name] if name in host else self.buffers[name].numpy(),
-                                    *workspace)
+                                    *workspace[len(kernel.tvm_workspace):])
 
     def tactic_launcher(self, kernel: Kernel, tactic: Tactic, library: VendorLibrary,
                         value: Callable[[str], np.ndarray], *workspace: tvm.runtime.Tensor) -> Launcher:

@@ -204,12 +204,14 @@ class StageTimer(StreamsExecutor):
         launches = tuple(Launch(kernel, stream) for stream, group in enumerate(groups) for kernel in group)
         return measure.time_captured(self.main_stream, lambda: self.issue(launches), replays, rounds)
 
-    def time_order(self, order: tuple[tuple[int, int], ...], warmup: int = 10, repeat: int = 50) -> float:
+    def time_order(self, order: tuple[tuple[int, int], ...], warmup: int = 10, repeat: int = 50,
+                   tvm_kernels: tuple[int, ...] = ()) -> float:
         """Median milliseconds of one inference of the plan for a (kernel, stream) issue order, taken as
         `CompiledModel.benchmark` takes it: the plan `make_plan` makes (the executor's waits and buffer
         plan) on the cuda-graph executor, each inference launched on an idle GPU and waited for. The
-        executor reads the timer's constants, already on the device, rather than uploading them again."""
-        plan = make_plan(self.graph, list(order), "timed")
+        executor reads the timer's constants, already on the device, rather than uploading them again.
+        `tvm_kernels` run TVM's function instead of their tactic."""
+        plan = make_plan(self.graph, list(order), "timed", tvm_kernels=tvm_kernels)
         constants = self.device_constants
         with CudaGraphExecutor(self.library, self.graph, plan, constants, self.device) as executor:
             for tensor in self.graph.inputs:

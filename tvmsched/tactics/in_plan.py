@@ -1,0 +1,46 @@
+"""Concurrency-aware tactics: a kernel's implementation chosen for the stage it runs in.
+
+Selection (`tactics.select`) times each kernel alone, where a vendor plan that fills the GPU wins. In a
+stage of dp's plan a kernel runs beside other branches, and TVM's function, which may leave SMs free for
+them, can make the stage faster although it is slower alone. After dp has chosen its plan, each kernel that
+a vendor plan runs in a stage of several groups is tried with TVM's function instead (a kernel with a
+tactic keeps TVM's workspace, `Kernel.tvm_workspace`, so either can run): the whole plan, in dp's issue
+order, is timed as the benchmark times it (`CostModel.order_latency`), and each change that makes it faster
+is kept, one kernel after another. The plan records them (`ExecutionPlan.tvm_kernels`); the graph keeps
+its tactics, so another schedule of the same build starts from selection's choice again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tvmsched.cost.base import CostModel
+from tvmsched.graph import KernelGraph
+from tvmsched.plan import ExecutionPlan
+
+
+def concurrent_kernels(graph: KernelGraph, plan: ExecutionPlan) -> list[int]:
+    """The kernels a vendor plan runs in stages of several groups of `plan` (its scheduler's stages)."""
+    stages = plan.schedule.get("stages") or []
+    return [kernel for stage in stages if len(stage) > 1 for group in stage for kernel in group
+            if graph.kernels[kernel].tactic is not None]
+
+
+def choose_in_plan(graph: KernelGraph, plan: ExecutionPlan, cost: CostModel) -> ExecutionPlan:
+    """`plan` with TVM's function for the kernels of `concurrent_kernels` whose change makes the whole plan
+    faster by `cost`, its schedule recording how many were tried and which kept (`tvm_in_stage`) and the
+    plan's time before and after (`in_plan_ms`); `plan` itself where no kernel is a candidate or `cost`
+    times no whole plan (the analytic cost)."""
+    order = tuple((launch.kernel, launch.stream) for launch in plan.launches)
+    tried = concurrent_kernels(graph, plan)
+    best_ms = cost.order_latency(order) if tried else None
+    if best_ms is None:
+        return plan
+    before_ms, kept = best_ms, ()
+    for kernel in tried:
+        variant_ms = cost.order_latency(order, kept + (kernel,))
+        if variant_ms < best_ms:
+            best_ms, kept = variant_ms, kept + (kernel,)
+    schedule = {**plan.schedule, "tvm_in_stage": {"tried": len(tried), "kept": list(kept)},
+                "in_plan_ms": [before_ms, best_ms]}
+    return replace(plan, schedule=schedule, tvm_kernels=kept)
