@@ -102,7 +102,7 @@ def measure(case: str, args) -> dict:
                 "streams": scheduled.plan.num_streams, "max_rel_diff_vs_reference": diff,
                 "matches": diff <= tolerance,
                 **{key: value for key, value in scheduled.plan.schedule.items()
-                   if key.startswith(("blocks_", "baseline")) or key == "plan_ms"}}
+                   if key.startswith(("blocks_", "baseline", "tvm_in_stage", "in_plan")) or key == "plan_ms"}}
     clock.lap("tvmsched_schedules")
     best_peer = min((entry["median_ms"], system) for system, entry in row["systems"].items()
                     if not system.startswith("tvmsched") and entry.get("median_ms"))
