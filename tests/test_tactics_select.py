@@ -4,6 +4,8 @@ whose output matches TVM's, keeps TVM where it is faster, caches its timings; th
 chosen plans on their streams with workspaces from the memory plan; builds save, load and refuse another
 library version. tests/test_tactics_gpu.py runs cuDNN itself."""
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -17,7 +19,7 @@ import tvmsched
 from tvmsched import measure
 from tvmsched.api import CompiledModel, plan_schedule
 from tvmsched.cost.analytic import AnalyticCost
-from tvmsched.errors import ArtifactError, TargetError, UsageError
+from tvmsched.errors import ArtifactError, GraphError, TargetError, UsageError
 from tvmsched.executor.sequential import SequentialExecutor
 from tvmsched.executor.streams import StageTimer, StreamsExecutor
 from tvmsched.schedule import create_scheduler
@@ -334,3 +336,29 @@ def test_dp_runs_tvms_function_where_the_whole_plan_is_faster_so(fake_cuda, stan
     loaded = tvmsched.load(built.save(tmp_path / "in_plan"))
     assert loaded.plan.tvm_kernels == (chosen,)
     np.testing.assert_allclose(loaded(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_kernel_with_a_tactic_keeps_tvms_workspace_before_the_tactics(model):
+    """So that either implementation can run: TVM's scratch first (its names and positions as before), the
+    tactic's after it; older graphs, whose tactic kernels had the tactic's workspace alone, are refused."""
+    from tvmsched.graph import KernelGraph
+    from tvmsched.plan import make_plan
+
+    [kernel] = [kernel for kernel in model.graph.kernels if kernel.vendor_op is not None][:1]
+    graph = model.graph.with_workspace({kernel.symbol: (((4,), "float32"),)})
+    tactic = library.Tactic("standin", "1.0", "exact", WORKSPACE, split=tail.split_point(kernel.vendor_op))
+    chosen = graph.with_tactics({kernel.id: tactic}).kernels[kernel.id]
+    outputs = len(kernel.outputs)
+    assert [(tensor.name, tensor.index) for tensor in chosen.workspace][:2] == [
+        (f"k{kernel.id}.workspace0", outputs), (f"k{kernel.id}.workspace1", outputs + 1)]
+    assert chosen.tvm_workspace == graph.kernels[kernel.id].workspace
+    assert [tensor.shape for tensor in chosen.workspace[1:2]] == [(WORKSPACE,)]
+    data = graph.with_tactics({kernel.id: tactic}).to_json()
+    with pytest.raises(GraphError, match="schema 3 is not 4; rebuild"):
+        KernelGraph.from_json({**data, "schema": 3})
+    assert KernelGraph.from_json({**model.graph.to_json(), "schema": 3}) == model.graph  # no tactics: loads
+    plan = make_plan(model.graph, [(k.id, 0) for k in model.graph.kernels], "sequential")
+    for names, error in (((kernel.id,), "which have none"), ((len(model.graph.kernels),), "not each once"),
+                         ((-1,), "not each once")):
+        with pytest.raises(GraphError, match=error):
+            replace(plan, tvm_kernels=names).validate(model.graph)

@@ -224,7 +224,7 @@ def _with_tactics(built, graph: KernelGraph, constants: dict, meta: ModelMeta, c
                   executor: str | None = None, progress: Callable[[str], None] = lambda stage: None
                   ) -> CompiledModel:
     """The compiled model planned sequentially, its kernels' implementations chosen (`choose_tactics`) and
-    planned again where a vendor plan was chosen (its workspace is the plan's)."""
+    planned again where a vendor plan was chosen (its workspace follows TVM's)."""
     plan = plan_schedule(graph, create_scheduler("sequential"), AnalyticCost(graph), context)
     model = CompiledModel(built.executable, graph, plan, constants, meta, executor)
     selection = choose_tactics(model, kernels, progress)
@@ -327,7 +327,7 @@ class CompiledModel:
         scheduler = create_scheduler(schedule, max_streams=max_streams, **schedule_options)
         with self.cost_model(cost, max_streams) as cost_model:  # saves measurements also when interrupted
             plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
-            if scheduler.name == "dp":  # each vendor kernel's implementation for the stage it runs in
+            if scheduler.name == "dp" and scheduler.time_orders:  # each vendor kernel's, in its stage
                 plan = choose_in_plan(self.graph, plan, cost_model)
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor,
                              self.selection)
@@ -363,8 +363,9 @@ class CompiledModel:
             raise TargetError("measured stage costs need this build's GPU; use cost='analytic' "
                               "(--cost analytic)")
         device = device_for(self.meta.target)
-        return MeasuredCost.on_device(self.library, self.graph, self.plan, self.constants, device,
-                                      self.meta.kernels_hash, max_groups=max_streams)
+        # stages are timed with selection's implementations, whatever this plan chose in its stages
+        return MeasuredCost.on_device(self.library, self.graph, replace(self.plan, tvm_kernels=()),
+                                      self.constants, device, self.meta.kernels_hash, max_groups=max_streams)
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:

@@ -25,7 +25,10 @@ from tvmsched.tactics import tail
 from tvmsched.tactics.library import Tactic
 from tvmsched.tactics.vendor_op import VendorOp
 
-SCHEMA = 3  # 2: kernels have workspace tensors; 3: and vendor ops and tactics (a graph of schema 2 has none)
+# 2: kernels have workspace tensors; 3: and vendor ops and tactics (a graph of schema 2 has none); 4: a kernel
+# with a tactic keeps TVM's workspace before the tactic's (in 3 it had the tactic's alone: such a graph is
+# refused, since TVM's function could not run on it)
+SCHEMA = 4
 TENSOR_KINDS = ("input", "param", "constant", "kernel")
 
 
@@ -57,9 +60,10 @@ class TensorRef:
 @dataclass(frozen=True)
 class Kernel:
     """One fused kernel: the PrimFunc `symbol` applied to `inputs`, writing `outputs`, with the scratch
-    tensors of its implementation in `workspace` (called as `symbol(*inputs, *outputs, *workspace)`);
-    `vendor_op` says what a vendor library would compute for it, where one could, and `tactic` which vendor
-    plan runs instead of TVM's function, where one was chosen (its workspace is then the plan's)."""
+    tensors of its implementations in `workspace` (TVM's function is called as `symbol(*inputs, *outputs,
+    *tvm_workspace)`); `vendor_op` says what a vendor library would compute for it, where one could, and
+    `tactic` which vendor plan runs instead of TVM's function, where one was chosen (its workspace then
+    follows TVM's)."""
 
     id: int
     symbol: str
@@ -185,8 +189,10 @@ class KernelGraph:
 
     @classmethod
     def from_json(cls, data: dict) -> KernelGraph:
-        if data.get("schema") not in (2, SCHEMA):
-            raise GraphError(f"kernel graph schema {data.get('schema')} is not {SCHEMA}; rebuild the model")
+        schema = data.get("schema")
+        if schema not in (2, 3, SCHEMA) or (schema == 3 and any(kernel.get("tactic")
+                                                                 for kernel in data["kernels"])):
+            raise GraphError(f"kernel graph schema {schema} is not {SCHEMA}; rebuild the model")
         return cls(tuple(Kernel.from_json(kernel) for kernel in data["kernels"]),
                    tuple(TensorRef.from_json(tensor) for tensor in data["inputs"]),
                    tuple(TensorRef.from_json(tensor) for tensor in data["outputs"]),

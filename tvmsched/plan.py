@@ -61,6 +61,10 @@ class ExecutionPlan:
                 raise GraphError(f"plan launches kernel {launch.kernel} without waiting for its inputs from "
                                  f"kernels {unordered}")
         self.memory.validate(graph, order)
+        if len(set(self.tvm_kernels)) != len(self.tvm_kernels) or not all(
+                isinstance(kernel, int) and 0 <= kernel < len(graph.kernels) for kernel in self.tvm_kernels):
+            raise GraphError(f"plan names kernels {list(self.tvm_kernels)} to run TVM's function, not each "
+                             f"once of the graph's {len(graph.kernels)}; rebuild it")
         without = [kernel for kernel in self.tvm_kernels if graph.kernels[kernel].tactic is None]
         if without:
             raise GraphError(f"plan runs TVM's function instead of the tactic of kernels {without}, which "

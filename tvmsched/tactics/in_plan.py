@@ -6,8 +6,8 @@ them, can make the stage faster although it is slower alone. After dp has chosen
 a vendor plan runs in a stage of several groups is tried with TVM's function instead (a kernel with a
 tactic keeps TVM's workspace, `Kernel.tvm_workspace`, so either can run): the whole plan, in dp's issue
 order, is timed as the benchmark times it (`CostModel.order_latency`), and each change that makes it faster
-is kept, one kernel after another. The plan records them (`ExecutionPlan.tvm_kernels`); the graph keeps
-its tactics, so another schedule of the same build starts from selection's choice again.
+by more than `MARGIN` is kept, one kernel after another. The plan records them (`ExecutionPlan.tvm_kernels`);
+the graph keeps its tactics, so another schedule of the same build starts from selection's choice again.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from dataclasses import replace
 from tvmsched.cost.base import CostModel
 from tvmsched.graph import KernelGraph
 from tvmsched.plan import ExecutionPlan
+
+MARGIN = 0.01  # a change is kept where the whole plan times this much faster: less is the timer's spread
 
 
 def concurrent_kernels(graph: KernelGraph, plan: ExecutionPlan) -> list[int]:
@@ -28,9 +30,9 @@ def concurrent_kernels(graph: KernelGraph, plan: ExecutionPlan) -> list[int]:
 
 def choose_in_plan(graph: KernelGraph, plan: ExecutionPlan, cost: CostModel) -> ExecutionPlan:
     """`plan` with TVM's function for the kernels of `concurrent_kernels` whose change makes the whole plan
-    faster by `cost`, its schedule recording how many were tried and which kept (`tvm_in_stage`) and the
-    plan's time before and after (`in_plan_ms`); `plan` itself where no kernel is a candidate or `cost`
-    times no whole plan (the analytic cost)."""
+    faster by `cost` (by more than `MARGIN`), its schedule recording how many were tried and which kept
+    (`tvm_in_stage`) and the plan's time before and after (`in_plan_ms`); `plan` itself where no kernel is
+    a candidate or `cost` times no whole plan (the analytic cost)."""
     order = tuple((launch.kernel, launch.stream) for launch in plan.launches)
     tried = concurrent_kernels(graph, plan)
     best_ms = cost.order_latency(order) if tried else None
@@ -39,7 +41,7 @@ def choose_in_plan(graph: KernelGraph, plan: ExecutionPlan, cost: CostModel) -> 
     before_ms, kept = best_ms, ()
     for kernel in tried:
         variant_ms = cost.order_latency(order, kept + (kernel,))
-        if variant_ms < best_ms:
+        if variant_ms is not None and variant_ms < best_ms * (1 - MARGIN):
             best_ms, kept = variant_ms, kept + (kernel,)
     schedule = {**plan.schedule, "tvm_in_stage": {"tried": len(tried), "kept": list(kept)},
                 "in_plan_ms": [before_ms, best_ms]}
