@@ -323,6 +323,8 @@ def test_dp_runs_tvms_function_where_the_whole_plan_is_faster_so(fake_cuda, stan
     assert plan.schedule["in_plan_ms"] == [10.0, 9.0]
     plan.validate(scheduled.graph)
     assert_race_free(scheduled.graph, plan)
+    counts, planned = scheduled.graph.implementations(), scheduled.graph.implementations(plan.tvm_kernels)
+    assert (planned["tvm"], planned["standin"]) == (counts["tvm"] + 1, counts["standin"] - 1)
     x = RNG.standard_normal((2, 3, 8, 8)).astype("float32")
     [expected] = onnxruntime_outputs(network(), {"input": x})
     vendor = sum(kernel.tactic is not None for kernel in scheduled.graph.kernels)

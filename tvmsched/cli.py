@@ -406,10 +406,13 @@ def _compiled(args):
 
 def _implementations(model) -> str:
     """Who computes the kernels: the count per implementation, and what selection measured."""
-    counts = model.graph.implementations()
+    counts = model.graph.implementations(model.plan.tvm_kernels)
     recognized = sum(kernel.vendor_op is not None for kernel in model.graph.kernels)
     line = (f"kernels by implementation: {', '.join(f'{count} {name}' for name, count in counts.items())} "
-            f"({recognized} a vendor library could compute)")
+            f"({recognized} a vendor library could compute")
+    if model.plan.tvm_kernels:
+        line += f"; {len(model.plan.tvm_kernels)} run TVM's function in dp's stages, faster there"
+    line += ")"
     timings = model.selection.timings.values() if model.selection else ()
     measured = [(tvm_ms, ms) for tvm_ms, ms in timings if tvm_ms is not None]
     if measured:

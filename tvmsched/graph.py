@@ -149,11 +149,13 @@ class KernelGraph:
         kernels = tuple(replace(kernel, workspace=tensors(kernel)) for kernel in self.kernels)
         return replace(self, kernels=kernels)
 
-    def implementations(self) -> dict[str, int]:
-        """How many kernels each implementation computes ("tvm", or a vendor library's name)."""
+    def implementations(self, tvm_kernels: tuple[int, ...] = ()) -> dict[str, int]:
+        """How many kernels each implementation computes ("tvm", or a vendor library's name), the kernels
+        `tvm_kernels` (a plan's, `ExecutionPlan.tvm_kernels`) counted as TVM's."""
         counts: dict[str, int] = {}
         for kernel in self.kernels:
-            counts[kernel.implementation] = counts.get(kernel.implementation, 0) + 1
+            implementation = "tvm" if kernel.id in tvm_kernels else kernel.implementation
+            counts[implementation] = counts.get(implementation, 0) + 1
         return counts
 
     def with_tactics(self, tactics: dict[int, Tactic]) -> KernelGraph:
