@@ -109,20 +109,16 @@ class _Selector:
         kernel's tail function (`tactics.tail`), with
         (TVM's ms, its ms); None where TVM's function wins or no plan works."""
         options = []
-        split = tail.split_point(kernel.vendor_op)
-        ways = [(None, vendor_op, "")]
-        if split is not None:  # the tail is TVM's function of this build
-            ways.append((split, vendor_call(kernel, constants.__getitem__, split)[0],
-                         f"/tail-{kernel.workload}-{self.kernels_hash}"))
+        ways = _ways(kernel, constants, vendor_op)
         for name, library in self.libraries.items():
             working = len(options)
-            for way, op, suffix in ways:
+            for way, op, marker in ways:
                 if way is not None and len(options) > working:
                     break  # a split only where the library's whole plans do not work
-                workload = _digest(op.to_json())
+                prefix = _plan_prefix(self.device_name, name, self.versions[name], op)
                 for candidate in library.candidates(op, MAX_PLANS):
                     tactic = Tactic(name, self.versions[name], candidate.plan, candidate.workspace, way)
-                    key = f"{self.device_name}/{name}-{tactic.version}/{workload}/{candidate.plan}{suffix}"
+                    key = prefix + candidate.plan + (marker and marker + self.kernels_hash)
                     ms = self._cached(key, lambda: self._time_tactic(kernel, tactic,  # noqa: B023
                                                                      library, constants))  # noqa: B023
                     if ms is not None:
@@ -192,24 +188,40 @@ def vendor_latencies(graph: KernelGraph, constants: dict[str, np.ndarray], devic
     `graph` (whole, or a split's head with its tail) on `device_name` with the installed libraries: what a
     build gets from a library there. It measures nothing: kernels no build has timed are absent."""
     entries = read_cache(cache or cache_path("tactics.json")).get(CACHE_SECTION, {})
-    libraries = [f"{device_name}/{name}-{version}/" for name, version in installed().items()]
+    versions = installed()
     found: dict[str, float] = {}
     for kernel in graph.kernels:
         if kernel.vendor_op is None:
             continue
-        split = tail.split_point(kernel.vendor_op)
-        ways = [(None, lambda key: "/tail-" not in key)]
-        if split is not None:
-            marker = f"/tail-{kernel.workload}-"
-            ways.append((split, lambda key, marker=marker: marker in key))
-        for way, matches in ways:
-            digest = _digest(vendor_call(kernel, constants.__getitem__, way)[0].to_json())
-            prefixes = tuple(f"{library}{digest}/" for library in libraries)
+        for _, op, marker in _ways(kernel, constants, vendor_call(kernel, constants.__getitem__)[0]):
+            prefixes = tuple(_plan_prefix(device_name, name, version, op)
+                             for name, version in versions.items())
             times = [ms for key, ms in entries.items() if ms is not None and key.startswith(prefixes)
-                     and matches(key)]
+                     and (marker in key if marker else TAIL not in key)]
             if times:
                 found[kernel.workload] = min(min(times), found.get(kernel.workload, math.inf))
     return found
+
+
+TAIL = "/tail-"  # in a split plan's timing key, before the kernel's workload and the build's kernels hash
+
+
+def _ways(kernel: Kernel, constants: dict[str, np.ndarray], whole: VendorOp
+          ) -> list[tuple[int | None, VendorOp, str]]:
+    """What a library may be asked for `kernel`: its `whole` VendorOp, then, where it has a tail, its head
+    (folded from `constants`), each as (split, op, the marker its timing keys carry after the plan: none for
+    the whole op, else the kernel's tail, a function of the build whose kernels hash follows)."""
+    split = tail.split_point(kernel.vendor_op)
+    ways = [(None, whole, "")]
+    if split is not None:
+        head = vendor_call(kernel, constants.__getitem__, split)[0]
+        ways.append((split, head, f"{TAIL}{kernel.workload}-"))
+    return ways
+
+
+def _plan_prefix(device_name: str, library: str, version: str, op: VendorOp) -> str:
+    """How the timing keys of `library`'s plans for `op` on `device_name` begin (the plan's name follows)."""
+    return f"{device_name}/{library}-{version}/{_digest(op.to_json())}/"
 
 
 def relative_difference(actual: np.ndarray, expected: np.ndarray) -> float:
