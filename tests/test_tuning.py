@@ -597,14 +597,13 @@ def test_a_search_past_the_budget_stops_at_its_next_prediction_and_builds_nothin
 def test_a_kernel_a_vendor_plan_runs_faster_is_tuned_only_while_tvm_can_still_beat_it():
     from tvmsched.tuning.tune import VENDOR_PROBE, VENDOR_REACH, trials_wanted
 
-    assert trials_wanted({}, 64, None) == 64  # no vendor plan: every trial
-    assert trials_wanted({"default_ms": 1.0}, 64, 2.0) == 64  # TVM's default is faster already
-    assert trials_wanted({"default_ms": 3.0}, 64, 2.0) == VENDOR_PROBE  # a probe first
-    assert trials_wanted({"default_ms": 3.0}, 8, 2.0) == 8
-    probed = {"default_ms": 3.0, "trials": VENDOR_PROBE}
-    assert trials_wanted({**probed, "best_ms": 2.0 * VENDOR_REACH}, 64, 2.0) == 64  # within reach: the rest
-    assert trials_wanted({**probed, "best_ms": 2.0 * VENDOR_REACH * 1.01}, 64, 2.0) is None  # out of reach
-    assert trials_wanted(probed, 64, 2.0) is None  # the probe found nothing valid
+    assert trials_wanted(64, 0, None, None, None) == 64  # no vendor plan: every trial
+    assert trials_wanted(64, 0, 1.0, None, 2.0) == 64  # TVM's default is faster already
+    assert trials_wanted(64, 0, 3.0, None, 2.0) == VENDOR_PROBE  # a probe first
+    assert trials_wanted(8, 0, 3.0, None, 2.0) == 8
+    assert trials_wanted(64, VENDOR_PROBE, 3.0, 2.0 * VENDOR_REACH, 2.0) == 64  # within reach: the rest
+    assert trials_wanted(64, VENDOR_PROBE, 3.0, 2.0 * VENDOR_REACH * 1.01, 2.0) is None  # out of reach
+    assert trials_wanted(64, VENDOR_PROBE, 3.0, None, 2.0) is None  # the probe found nothing valid
     settled = Settled(weight=2, default_ms=3.0, best_ms=2.6, vendor_ms=2.0, left_to_vendor=True)
     assert settled.latency_ms == 2.0  # what a build gets now: the vendor plan
     result = TuneResult(log=None, tasks=[], settled=[settled, Settled(1, 1.0, None)])

@@ -140,17 +140,17 @@ VENDOR_PROBE = 16
 VENDOR_REACH = 1.25
 
 
-def trials_wanted(entry: dict, trials: int, vendor_ms: float | None) -> int | None:
-    """The trials a kernel (its manifest `entry`) is tuned to over all runs: `trials`, but `VENDOR_PROBE`
+def trials_wanted(trials: int, had: int, default_ms: float | None, best_ms: float | None,
+                  vendor_ms: float | None) -> int | None:
+    """The trials a kernel that `had` trials so far is tuned to over all runs: `trials`, but `VENDOR_PROBE`
     where a vendor plan (`vendor_ms`) runs it faster than its default and best tuned so far, and None (no
     more) once those trials left its best tuned more than `VENDOR_REACH` times the plan's time."""
-    tvm_ms = _fastest(entry.get("default_ms"), entry.get("best_ms"))
+    tvm_ms = _fastest(default_ms, best_ms)
     if vendor_ms is None or (tvm_ms is not None and tvm_ms <= vendor_ms):
         return trials
-    if entry.get("trials", 0) < VENDOR_PROBE:
+    if had < VENDOR_PROBE:
         return min(trials, VENDOR_PROBE)
-    best = entry.get("best_ms")
-    return trials if best is not None and best <= VENDOR_REACH * vendor_ms else None
+    return trials if best_ms is not None and best_ms <= VENDOR_REACH * vendor_ms else None
 
 
 def _fastest(*latencies: float | None) -> float | None:
@@ -246,9 +246,8 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
             with control.interrupts():
                 _measure_defaults(tasks, todo, spec, target, builder, runner, control)
                 for task in tasks:  # a default faster than the vendor plan gets every trial
-                    measured = {"default_ms": task.default_ms, "best_ms": task.best_ms_before,
-                                "trials": task.trials_before}
-                    task.wanted = trials_wanted(measured, options.trials, task.vendor_ms) or task.wanted
+                    task.wanted = trials_wanted(options.trials, task.trials_before, task.default_ms,
+                                                task.best_ms_before, task.vendor_ms) or task.wanted
                 checkpoint()
                 builder.stop_when(control.over)  # the search's batches, not the defaults, end with the run
                 order = sorted(range(len(tasks)), key=lambda index: tasks[index].priority, reverse=True)
@@ -331,7 +330,8 @@ def _collect(modules: list[LoweredModule], target: tvm.target.Target, entries: d
     tasks, todo, settled = [], [], []
     for key, task in first.items():
         weight, entry, vendor = weights[key], entries.get(key, {}), vendor_ms.get(key)
-        wanted = trials_wanted(entry, trials, vendor)
+        wanted = trials_wanted(trials, entry.get("trials", 0), entry.get("default_ms"), entry.get("best_ms"),
+                               vendor)
         if (wanted is None or entry.get("trials", 0) >= wanted or entry.get("exhausted")
                 or task.mod.attrs.get("tirx.is_scheduled", False)):
             settled.append(Settled(weight, entry.get("default_ms"), entry.get("best_ms"), vendor,
