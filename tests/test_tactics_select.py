@@ -236,8 +236,9 @@ def test_split_tactics_run_the_plan_then_tvms_tail(fake_cuda, standin, monkeypat
     monkeypatch.setattr(tail, "wanted", lambda kernels, spec: True)  # as on a GPU with a library
     model = tvmsched.compile(network(), target="llvm", batch=2, precision=precision)
     selection = choose(model, "vendor", tmp_path / "tactics.json")
-    split = [kernel for kernel in selection.graph.kernels
-             if kernel.tactic and kernel.tactic.split is not None]
+    recognized = [kernel for kernel in selection.graph.kernels if kernel.vendor_op is not None]
+    assert all(kernel.tactic for kernel in recognized)  # whole where the library takes it, else split
+    split = [kernel for kernel in recognized if kernel.tactic.split is not None]
     assert {op.kind for kernel in split for op in kernel.vendor_op.epilogue[kernel.tactic.split:]} >= declined
     assert selection.graph.implementations()["standin+tvm"] == len(split)
     for kernel in split:  # the intermediate follows the plan's workspace, in the head's dtype, after TVM's

@@ -118,17 +118,16 @@ class Executor(ABC):
         tail function reads, both on the launcher's stream."""
         arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
         vendor_op, folded = vendor_call(kernel, value, tactic.split)
-        plan_workspace = workspace[0] if tactic.workspace else None
-        if tactic.split is None:
-            arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
-            self.vendor_arguments[kernel.id] = arguments
-            return library.launcher(vendor_op, tactic.plan, arguments, plan_workspace)
-        head = workspace[-1]
-        tail = tvm_launcher(self.device, self.library[tail_symbol(kernel.symbol)], [head, *arguments])
-        arguments[vendor_op.output] = head
+        head = workspace[-1] if tactic.split is not None else None  # a split: the plan writes, the tail reads
+        tail_arguments = [head, *arguments]
+        if head is not None:
+            arguments[vendor_op.output] = head
         arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
         self.vendor_arguments[kernel.id] = arguments
-        plan = library.launcher(vendor_op, tactic.plan, arguments, plan_workspace)
+        plan = library.launcher(vendor_op, tactic.plan, arguments, workspace[0] if tactic.workspace else None)
+        if head is None:
+            return plan
+        tail = tvm_launcher(self.device, self.library[tail_symbol(kernel.symbol)], tail_arguments)
 
         def launch(stream) -> None:
             plan(stream)
