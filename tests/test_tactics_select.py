@@ -77,7 +77,8 @@ def standin(monkeypatch):
     monkeypatch.setattr(select, "LIBRARIES", library.LIBRARIES)
     monkeypatch.setattr(StandIn, "launched", [])
     monkeypatch.setattr(StandIn, "plans", ("exact",))
-    monkeypatch.setattr(StandIn, "released", 0)
+    monkeypatch.setattr(StandIn, "opened", 0)
+    monkeypatch.setattr(library, "_SHARED", {})
     times = {"tvm": 2.0, "exact": 1.0, "off": 0.5, "fails": 0.1}
 
     def time_captured(stream, issue, replays, rounds):
@@ -130,7 +131,6 @@ def test_selection_takes_the_fastest_plan_whose_output_matches(fake_cuda, standi
     assert selection.timings == {kernel: (2.0, 1.0) for kernel in recognized}
     assert selection.graph.implementations() == {"tvm": len(model.graph.kernels) - len(recognized),
                                                  "standin": len(recognized)}
-    assert StandIn.released == 1  # the library's handles go with the selection
     for kernel in selection.graph.kernels:
         if kernel.tactic:
             # the tactic's workspace follows TVM's, which the kernel keeps
@@ -202,6 +202,7 @@ def test_executors_launch_the_chosen_plans_on_their_streams(fake_cuda, standin, 
         assert not any("subtract" in name for _, _, _, name in StandIn.launched)
         streams = {stream for _, stream, _, _ in StandIn.launched}
         assert streams == ({None} if executor is SequentialExecutor else set(running.streams))
+    assert StandIn.opened == 1  # selection and every executor use the process's instance
 
 
 def test_a_build_with_tactics_saves_loads_and_refuses_another_version(fake_cuda, standin, model, tmp_path,

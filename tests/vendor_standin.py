@@ -84,15 +84,11 @@ class StandIn(VendorLibrary):
     name = "standin"
     plans = ("exact",)
     launched: list[tuple[str, object, int, str]] = []
-    released = 0
+    opened = 0  # instances made
 
     def __init__(self, owner):
         super().__init__(owner)
-        owner.callback(self._release)
-
-    @classmethod
-    def _release(cls) -> None:
-        cls.released += 1
+        StandIn.opened += 1
 
     @staticmethod
     def version() -> str:

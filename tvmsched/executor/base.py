@@ -105,7 +105,7 @@ class Executor(ABC):
             return tvm_launcher(self.device, self.library[kernel.symbol], arguments + tvm_workspace)
         tactic = kernel.tactic
         if tactic.library not in self.libraries:
-            self.libraries[tactic.library] = open_library(tactic, self.resources)
+            self.libraries[tactic.library] = open_library(tactic)
         return self.tactic_launcher(kernel, tactic, self.libraries[tactic.library],
                                     lambda name: host[name] if name in host else self.buffers[name].numpy(),
                                     *workspace[len(kernel.tvm_workspace):])

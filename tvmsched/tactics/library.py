@@ -5,10 +5,18 @@ A library turns a kernel's `VendorOp` into candidate plans (`candidates`), each 
 needs, and into a launcher for one plan on a kernel's device buffers (`launcher`). A launcher is called
 with a CUDA stream and issues the kernel's work on it, so the executors capture vendor launches into their
 CUDA graphs exactly as they capture TVM's. Adding a library is one file with `@register_library(name)`.
+
+A process opens each library once (per thread, `shared_library`): selection and every executor use that
+instance, so what it built stays built. A cuDNN plan of a runtime-fusion engine compiles its kernel when
+built (the fused fp16 NHWC convolutions: seconds each), and a build makes executors again and again to time
+whole plans (dp's baselines, the concurrency-aware choice).
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
 from abc import ABC, abstractmethod
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -60,7 +68,8 @@ class Tactic:
 
 
 class VendorLibrary(ABC):
-    """One vendor library on one device; what it makes (handles) is released when `owner` closes."""
+    """One vendor library on the current device; what it makes (handles) is released when `owner` closes.
+    Open it with `shared_library`."""
 
     name = "library"
 
@@ -92,8 +101,22 @@ def installed() -> dict[str, str]:
     return {name: version for name, version in versions.items() if version is not None}
 
 
-def open_library(tactic: Tactic, owner: ExitStack) -> VendorLibrary:
-    """The library a tactic was chosen from, opened for a run; refuses another version than the build's."""
+_SHARED: dict[tuple, VendorLibrary] = {}  # by (class, process, thread)
+_SHARED_OWNER = ExitStack()  # releases the shared libraries' handles at exit
+atexit.register(_SHARED_OWNER.close)
+
+
+def shared_library(cls: type[VendorLibrary]) -> VendorLibrary:
+    """This process's and thread's instance of library `cls`, opened on first use and kept until exit (a
+    handle is used by one thread at a time; a forked child opens its own)."""
+    key = (cls, os.getpid(), threading.get_ident())
+    if key not in _SHARED:
+        _SHARED[key] = cls(_SHARED_OWNER)
+    return _SHARED[key]
+
+
+def open_library(tactic: Tactic) -> VendorLibrary:
+    """The library a tactic was chosen from (`shared_library`); refuses another version than the build's."""
     cls = LIBRARIES.get(tactic.library)
     version = cls and cls.version()
     if version is None:
@@ -103,4 +126,4 @@ def open_library(tactic: Tactic, owner: ExitStack) -> VendorLibrary:
     if version != tactic.version:
         raise ArtifactError(f"this build chose its {tactic.library} plans with version {tactic.version}, "
                             f"this is {version}; rebuild the model")
-    return cls(owner)
+    return shared_library(cls)

@@ -32,7 +32,7 @@ from tvmsched.errors import TargetError, check_choice
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.tactics import tail
 from tvmsched.tactics.affine import vendor_call
-from tvmsched.tactics.library import LIBRARIES, Tactic, installed
+from tvmsched.tactics.library import LIBRARIES, Tactic, installed, shared_library
 from tvmsched.tactics.vendor_op import VendorOp
 
 LOGGER = logging.getLogger("tvmsched.tactics")
@@ -92,7 +92,7 @@ class _Selector:
     def __init__(self, owner: ExitStack, versions: dict[str, str], make_timer, device_name: str,
                  kernels_hash: str, path: Path):
         self.owner = owner
-        self.libraries = {name: LIBRARIES[name](owner) for name in versions}
+        self.libraries = {name: shared_library(LIBRARIES[name]) for name in versions}
         self.versions = versions
         self.make_timer = make_timer
         self.timer = None
