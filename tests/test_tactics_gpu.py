@@ -170,7 +170,8 @@ def test_dp_chooses_each_vendor_kernels_implementation_in_its_stage(branchy_mode
     stats = model.plan.schedule.get("tvm_in_stage")
     assert (stats is not None) == bool(candidates), model.plan.schedule
     if stats:
-        assert stats["tried"] == len(candidates) and list(model.plan.tvm_kernels) == stats["kept"]
+        assert stats["tried"] + stats["slower_alone"] == len(candidates)
+        assert list(model.plan.tvm_kernels) == stats["kept"]
         before, after = model.plan.schedule["in_plan_ms"]
         assert (after < before) == bool(stats["kept"])
     x = np.random.default_rng(9).standard_normal((4, 3, 8, 8)).astype("float32")

@@ -297,11 +297,14 @@ def test_tuning_reads_what_builds_measured_of_the_vendor_plans(fake_cuda, standi
 
 
 class PlanTimes:
-    """A stand-in cost that times whole plans only: 10 ms, less 1 for each kernel of `faster` that runs
-    TVM's function; records what it was asked."""
+    """A stand-in cost: whole plans take 10 ms, less 1 for each kernel of `faster` that runs TVM's function,
+    and every stage 5 ms; records the whole plans it was asked."""
 
     def __init__(self, faster: set[int]):
         self.faster, self.asked = faster, []
+
+    def stage_latency(self, groups):
+        return 5.0
 
     def order_latency(self, order, tvm_kernels=()):
         self.asked.append(tuple(tvm_kernels))
@@ -313,16 +316,26 @@ def test_dp_runs_tvms_function_where_the_whole_plan_is_faster_so(fake_cuda, stan
     (the kernel keeps TVM's workspace), and kept so where the whole plan times faster; the plan records it,
     the executors run it, a save and a load keep it."""
     scheduled = with_tactics(model, tmp_path)
-    candidates = in_plan.concurrent_kernels(scheduled.graph, scheduled.plan)
-    assert candidates and all(scheduled.graph.kernels[kernel].tactic for kernel in candidates)
+    candidates = [kernel for kernel, _ in in_plan.concurrent_kernels(scheduled.graph, scheduled.plan)]
+    assert len(candidates) > 1 and all(scheduled.graph.kernels[kernel].tactic for kernel in candidates)
     assert in_plan.choose_in_plan(scheduled.graph, scheduled.plan, AnalyticCost(scheduled.graph)) is \
         scheduled.plan  # a cost that times no whole plan changes nothing
     chosen = candidates[-1]
     cost = PlanTimes({chosen})
     plan = in_plan.choose_in_plan(scheduled.graph, scheduled.plan, cost)
     assert plan.tvm_kernels == (chosen,) and len(cost.asked) == len(candidates) + 1
-    assert plan.schedule["tvm_in_stage"] == {"tried": len(candidates), "kept": [chosen]}
+    assert plan.schedule["tvm_in_stage"] == {"tried": len(candidates), "slower_alone": 0, "kept": [chosen]}
     assert plan.schedule["in_plan_ms"] == [10.0, 9.0]
+    # a kernel whose TVM function alone takes its whole stage's 5 ms or more is not tried
+    cost = PlanTimes({chosen})
+    slow = {kernel: 5.0 for kernel in candidates[:-1]}
+    assert in_plan.choose_in_plan(scheduled.graph, scheduled.plan, cost, {**slow, chosen: 4.9}).tvm_kernels \
+        == (chosen,)
+    assert cost.asked == [(), (chosen,)]
+    cost = PlanTimes({chosen})
+    skipped = in_plan.choose_in_plan(scheduled.graph, scheduled.plan, cost, {**slow, chosen: 5.0})
+    assert skipped.tvm_kernels == () and cost.asked == [()]
+    assert skipped.schedule["tvm_in_stage"] == {"tried": 0, "slower_alone": len(candidates), "kept": []}
     plan.validate(scheduled.graph)
     assert_race_free(scheduled.graph, plan)
     counts, planned = scheduled.graph.implementations(), scheduled.graph.implementations(plan.tvm_kernels)
