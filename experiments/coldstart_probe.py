@@ -72,7 +72,9 @@ def _time_calls(seconds: dict) -> None:
     name: digests, weights, library (load); uploads (every host-to-device tensor: constants, folded
     weights), vendor_handles (cuDNN's and cuBLASLt's handles), vendor_folding (batch norms folded into
     a vendor plan's weights), vendor_plans (each plan made ready to launch), graph_capture (the CUDA Graph
-    captured and instantiated); the rest of `executor_s` is buffers, streams and events."""
+    captured and instantiated); the rest of `executor_s` is buffers, streams and events. The libraries
+    are the process's (`tactics.library.shared_library`): a second load in one process finds the handles
+    and the plans built, so only a fresh process measures them cold."""
     def timed(name, function):
         def call(*args, **kwargs):
             start = time.perf_counter()

@@ -318,11 +318,11 @@ def test_dp_runs_tvms_function_where_the_whole_plan_is_faster_so(fake_cuda, stan
     scheduled = with_tactics(model, tmp_path)
     candidates = [kernel for kernel, _ in in_plan.concurrent_kernels(scheduled.graph, scheduled.plan)]
     assert len(candidates) > 1 and all(scheduled.graph.kernels[kernel].tactic for kernel in candidates)
-    assert in_plan.choose_in_plan(scheduled.graph, scheduled.plan, AnalyticCost(scheduled.graph)) is \
+    assert in_plan.choose_in_plan(scheduled.graph, scheduled.plan, AnalyticCost(scheduled.graph), {}) is \
         scheduled.plan  # a cost that times no whole plan changes nothing
     chosen = candidates[-1]
     cost = PlanTimes({chosen})
-    plan = in_plan.choose_in_plan(scheduled.graph, scheduled.plan, cost)
+    plan = in_plan.choose_in_plan(scheduled.graph, scheduled.plan, cost, {})
     assert plan.tvm_kernels == (chosen,) and len(cost.asked) == len(candidates) + 1
     assert plan.schedule["tvm_in_stage"] == {"tried": len(candidates), "slower_alone": 0, "kept": [chosen]}
     assert plan.schedule["in_plan_ms"] == [10.0, 9.0]

@@ -86,8 +86,7 @@ class StandIn(VendorLibrary):
     launched: list[tuple[str, object, int, str]] = []
     opened = 0  # instances made
 
-    def __init__(self, owner):
-        super().__init__(owner)
+    def __init__(self):
         StandIn.opened += 1
 
     @staticmethod
@@ -97,7 +96,7 @@ class StandIn(VendorLibrary):
     def candidates(self, vendor_op: VendorOp, limit: int) -> list[Candidate]:
         return [Candidate(plan, WORKSPACE) for plan in self.plans][:limit]
 
-    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace):
+    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace, owner):
         def launch(stream) -> None:
             StandIn.launched.append((plan, stream, 0 if workspace is None else workspace.numpy().nbytes,
                                      vendor_op.name))

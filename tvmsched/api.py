@@ -328,8 +328,7 @@ class CompiledModel:
         with self.cost_model(cost, max_streams) as cost_model:  # saves measurements also when interrupted
             plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
             if scheduler.name == "dp" and scheduler.time_orders:  # each vendor kernel's, in its stage
-                timings = self.selection.timings if self.selection else {}
-                tvm_ms = {kernel: tvm for kernel, (tvm, _) in timings.items() if tvm is not None}
+                tvm_ms = self.selection.tvm_ms if self.selection else {}
                 plan = choose_in_plan(self.graph, plan, cost_model, tvm_ms)
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor,
                              self.selection)

@@ -84,7 +84,7 @@ class Executor(ABC):
             for tensor in kernel.written:
                 buffer = pool[plan.memory.tensor_buffers[tensor.name]]
                 self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
-        self.resources = ExitStack()  # releases the vendor libraries' handles (and subclasses' own)
+        self.resources = ExitStack()  # releases what the vendor launchers made (and subclasses' own)
         self.libraries: dict[str, VendorLibrary] = {}
         self.vendor_arguments: dict[int, list] = {}  # by kernel: what its plan reads, folded weights too
         host = {name: value for name, value in constants.items() if isinstance(value, np.ndarray)}
@@ -124,7 +124,8 @@ class Executor(ABC):
             arguments[vendor_op.output] = head
         arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
         self.vendor_arguments[kernel.id] = arguments
-        plan = library.launcher(vendor_op, tactic.plan, arguments, workspace[0] if tactic.workspace else None)
+        plan = library.launcher(vendor_op, tactic.plan, arguments, workspace[0] if tactic.workspace else None,
+                                self.resources)
         if head is None:
             return plan
         tail = tvm_launcher(self.device, self.library[tail_symbol(kernel.symbol)], tail_arguments)
@@ -147,8 +148,8 @@ class Executor(ABC):
         return {tensor.name: self.buffers[tensor.name] for tensor in self.graph.constants}
 
     def close(self) -> None:
-        """Release the device handles the executor made besides its buffers (vendor libraries' handles, the
-        CUDA executors' streams, events and graphs); a second call does nothing."""
+        """Release the device handles the executor made besides its buffers (its vendor launchers'
+        descriptors, the CUDA executors' streams, events and graphs); a second call does nothing."""
         self.resources.close()
 
     def __enter__(self) -> Executor:

@@ -98,11 +98,8 @@ def _epilogue(vendor_op: VendorOp) -> tuple[str, int | None, int | None] | None:
 class CublasLtLibrary(VendorLibrary):
     """cuBLASLt on the current device: one handle, and each VendorOp's descriptors made once."""
 
-    def __init__(self, owner: ExitStack):
-        super().__init__(owner)
-        lt = _lt()
-        self.handle = lt.create()
-        owner.callback(lt.destroy, self.handle)
+    def __init__(self):
+        self.handle = _lt().create()
         self.problems: dict[VendorOp, _Problem | None] = {}
 
     @staticmethod
@@ -116,49 +113,50 @@ class CublasLtLibrary(VendorLibrary):
         problem = self._problem(vendor_op)
         return problem.candidates(self.handle, limit) if problem else []
 
-    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace) -> Launcher:
+    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace,
+                 owner: ExitStack) -> Launcher:
         problem = self._problem(vendor_op)
         if problem is None:
             raise LookupError(f"cuBLASLt does not compute {vendor_op.name}; rebuild the model")
-        return problem.launcher(self.handle, vendor_op, plan, arguments, workspace)
+        return problem.launcher(self.handle, vendor_op, plan, arguments, workspace, owner)
 
     def _problem(self, vendor_op: VendorOp) -> _Problem | None:
         if vendor_op not in self.problems:
             gemm = Gemm.of(vendor_op)
-            self.problems[vendor_op] = gemm and _Problem(gemm, self.owner)
+            self.problems[vendor_op] = gemm and _Problem(gemm)
         return self.problems[vendor_op]
 
 
 class _Problem:
-    """A Gemm's cuBLASLt descriptors (matmul, the four matrix layouts), released when `owner` closes."""
+    """A Gemm's cuBLASLt descriptors (matmul, the four matrix layouts), kept with the library; a launcher's
+    matmul descriptor with its bias pointer is released with the launcher's owner."""
 
-    def __init__(self, gemm: Gemm, owner: ExitStack):
+    def __init__(self, gemm: Gemm):
         import nvmath
         from nvmath.bindings import cublas
 
         lt = _lt()
         self.gemm = gemm
-        self.owner = owner
         self.compute = (cublas.ComputeType.COMPUTE_32F, nvmath.CudaDataType.CUDA_R_32F)
-        self.desc = self._matmul_desc(None)
+        self.desc = self._matmul_desc(None, ExitStack())  # kept with the library
         in_type, out_type = (getattr(nvmath.CudaDataType, TYPES[dtype]) for dtype in (gemm.in_dtype,
                                                                                        gemm.out_dtype))
         self.first = self._layout(in_type, gemm.n, gemm.k, gemm.first_stride)
         self.second = self._layout(in_type, gemm.k, gemm.m, gemm.second_stride)
         self.out = self._layout(out_type, gemm.n, gemm.m, gemm.out_stride)
         self.preference = lt.matmul_preference_create()
-        owner.callback(lt.matmul_preference_destroy, self.preference)
         attribute = lt.MatmulPreferenceAttribute
         for name, value in [("MAX_WORKSPACE_BYTES", MAX_WORKSPACE)] + [
                 (f"MIN_ALIGNMENT_{operand}_BYTES", ALIGNMENT) for operand in "ABCD"]:
             self._set(lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype,
                       self.preference, getattr(attribute, name), value)
 
-    def _matmul_desc(self, bias_pointer: int | None) -> int:
-        """The matmul's descriptor with its epilogue (and the bias at `bias_pointer`)."""
+    def _matmul_desc(self, bias_pointer: int | None, owner: ExitStack) -> int:
+        """The matmul's descriptor with its epilogue (and the bias at `bias_pointer`), destroyed when `owner`
+        closes."""
         lt = _lt()
         desc = lt.matmul_desc_create(*self.compute)
-        self.owner.callback(lt.matmul_desc_destroy, desc)
+        owner.callback(lt.matmul_desc_destroy, desc)
         attribute = lt.MatmulDescAttribute
         for name, value in [("EPILOGUE", getattr(lt.Epilogue, self.gemm.epilogue))] + \
                 [("BIAS_POINTER", bias_pointer)] * (bias_pointer is not None):
@@ -170,7 +168,6 @@ class _Problem:
         """A column-major matrix layout, `batch` times `stride` elements apart."""
         lt = _lt()
         layout = lt.matrix_layout_create(data_type, rows, columns, rows)
-        self.owner.callback(lt.matrix_layout_destroy, layout)
         if self.gemm.batch > 1:
             for name, value in (("BATCH_COUNT", self.gemm.batch), ("STRIDED_BATCH_OFFSET", stride)):
                 self._set(lt.matrix_layout_set_attribute, lt.get_matrix_layout_attribute_dtype, layout,
@@ -195,7 +192,8 @@ class _Problem:
         return [Candidate(row["algo"].tobytes().hex(), int(row["workspace_size"])) for row in rows
                 if row["state"] == 0]
 
-    def launcher(self, handle: int, vendor_op: VendorOp, plan: str, arguments: list, workspace) -> Launcher:
+    def launcher(self, handle: int, vendor_op: VendorOp, plan: str, arguments: list, workspace,
+                 owner: ExitStack) -> Launcher:
         lt, gemm = _lt(), self.gemm
         algo = np.frombuffer(bytes.fromhex(plan), dtype=np.uint8).copy()
         pointers = {position: arguments[position].data_ptr() for position in
@@ -205,7 +203,7 @@ class _Problem:
         if misaligned:
             raise ValueError(f"cuBLASLt plans assume {ALIGNMENT}-byte aligned operands; parameters "
                              f"{misaligned} are not")
-        desc = self._matmul_desc(pointers[gemm.bias]) if gemm.bias is not None else self.desc
+        desc = self._matmul_desc(pointers[gemm.bias], owner) if gemm.bias is not None else self.desc
         alpha = np.array([1.0], np.float32)
         beta = np.array([1.0 if gemm.residual is not None else 0.0], np.float32)
         output = pointers[vendor_op.output]

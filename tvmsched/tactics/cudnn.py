@@ -20,6 +20,7 @@ logged at DEBUG level (logger `tvmsched.tactics`).
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import ExitStack
 
 import numpy as np
@@ -44,11 +45,9 @@ def _cudnn():
 class CudnnLibrary(VendorLibrary):
     """cuDNN on the current device: one handle, and each VendorOp's graph built once with all its plans."""
 
-    def __init__(self, owner: ExitStack):
-        super().__init__(owner)
-        cudnn = _cudnn()
-        self.handle = cudnn.create_handle()
-        owner.callback(cudnn.destroy_handle, self.handle)
+    def __init__(self):
+        self.handle = _cudnn().create_handle()
+        self.lock = threading.Lock()  # a handle's stream is set, then used: one launch at a time
         self.graphs: dict[VendorOp, _Graph | None] = {}
         self.zeros: dict[tuple, object] = {}  # zero biases by (channels, dtype, device)
 
@@ -63,7 +62,8 @@ class CudnnLibrary(VendorLibrary):
         graph = self._graph(vendor_op)
         return graph.candidates(limit) if graph else []
 
-    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace) -> Launcher:
+    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace,
+                 owner: ExitStack) -> Launcher:
         graph = self._graph(vendor_op)
         index = graph.index_of(plan) if graph else None
         if index is None:
@@ -71,11 +71,12 @@ class CudnnLibrary(VendorLibrary):
         pack = {tensor: (self._zeros(vendor_op.anchor, arguments[0].device) if position == ZEROS
                          else arguments[position]).data_ptr() for position, tensor in graph.operands.items()}
         workspace_pointer = workspace.data_ptr() if workspace is not None else None
-        cudnn, handle = _cudnn(), self.handle
+        cudnn, handle, lock = _cudnn(), self.handle, self.lock
 
         def launch(stream) -> None:
-            cudnn.set_stream(handle, int(stream or 0))  # None: the default stream, as TVM's functions
-            graph.graph.execute_plan_at_index(pack, workspace_pointer, index, handle)
+            with lock:
+                cudnn.set_stream(handle, int(stream or 0))  # None: the default stream, as TVM's functions
+                graph.graph.execute_plan_at_index(pack, workspace_pointer, index, handle)
         return launch
 
     def _zeros(self, anchor: Conv2d, device):

@@ -8,8 +8,10 @@ tactic keeps TVM's workspace, `Kernel.tvm_workspace`, so either can run): the wh
 order, is timed as the benchmark times it (`CostModel.order_latency`), and each change that makes it faster
 by more than `MARGIN` is kept, one kernel after another. A kernel whose TVM function alone (selection's
 measurement) takes at least as long as its whole stage is not tried: beside other groups a kernel runs no
-faster than alone, so its stage could not get faster. The plan records them (`ExecutionPlan.tvm_kernels`);
-the graph keeps its tactics, so another schedule of the same build starts from selection's choice again.
+faster than alone, so its stage could not get faster (a heuristic for the whole plan, whose stages may
+overlap; on the H100 the choice kept none of 511 kernels tried). The plan records the kernels kept
+(`ExecutionPlan.tvm_kernels`); the graph keeps its tactics, so another schedule of the same build starts
+from selection's choice again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from tvmsched.plan import ExecutionPlan
 MARGIN = 0.01  # a change is kept where the whole plan times this much faster: less is the timer's spread
 
 
-def concurrent_kernels(graph: KernelGraph, plan: ExecutionPlan) -> list[tuple[int, tuple[tuple[int, ...], ...]]]:
+Stage = tuple[tuple[int, ...], ...]  # a stage's groups of kernels
+
+
+def concurrent_kernels(graph: KernelGraph, plan: ExecutionPlan) -> list[tuple[int, Stage]]:
     """The kernels a vendor plan runs in stages of several groups of `plan` (its scheduler's stages), each
     with its stage's groups."""
     stages = [tuple(tuple(group) for group in stage) for stage in plan.schedule.get("stages") or []]
@@ -32,7 +37,7 @@ def concurrent_kernels(graph: KernelGraph, plan: ExecutionPlan) -> list[tuple[in
 
 
 def choose_in_plan(graph: KernelGraph, plan: ExecutionPlan, cost: CostModel,
-                   tvm_ms: dict[int, float] | None = None) -> ExecutionPlan:
+                   tvm_ms: dict[int, float]) -> ExecutionPlan:
     """`plan` with TVM's function for the kernels of `concurrent_kernels` whose change makes the whole plan
     faster by `cost` (by more than `MARGIN`), its schedule recording how many were tried, how many were not
     because their TVM function alone (`tvm_ms`, by kernel, where measured) takes at least their stage's
@@ -43,7 +48,6 @@ def choose_in_plan(graph: KernelGraph, plan: ExecutionPlan, cost: CostModel,
     best_ms = cost.order_latency(order) if candidates else None
     if best_ms is None:
         return plan
-    tvm_ms = tvm_ms or {}
     tried = [kernel for kernel, stage in candidates
              if kernel not in tvm_ms or tvm_ms[kernel] < cost.stage_latency(stage)]
     before_ms, kept = best_ms, ()

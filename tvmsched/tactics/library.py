@@ -6,16 +6,14 @@ needs, and into a launcher for one plan on a kernel's device buffers (`launcher`
 with a CUDA stream and issues the kernel's work on it, so the executors capture vendor launches into their
 CUDA graphs exactly as they capture TVM's. Adding a library is one file with `@register_library(name)`.
 
-A process opens each library once (per thread, `shared_library`): selection and every executor use that
-instance, so what it built stays built. A cuDNN plan of a runtime-fusion engine compiles its kernel when
-built (the fused fp16 NHWC convolutions: seconds each), and a build makes executors again and again to time
-whole plans (dp's baselines, the concurrency-aware choice).
+A process opens each library once per thread (`shared_library`) and keeps it until it exits: selection and
+every executor use that instance, so what it built stays built. A cuDNN plan of a runtime-fusion engine
+compiles its kernel when built (the fused fp16 NHWC convolutions: seconds each), and a build makes
+executors again and again to time whole plans (dp's baselines, the concurrency-aware choice).
 """
 
 from __future__ import annotations
 
-import atexit
-import os
 import threading
 from abc import ABC, abstractmethod
 from contextlib import ExitStack
@@ -68,13 +66,11 @@ class Tactic:
 
 
 class VendorLibrary(ABC):
-    """One vendor library on the current device; what it makes (handles) is released when `owner` closes.
-    Open it with `shared_library`."""
+    """One vendor library on the current device, opened with `shared_library`. Its handles live as long as
+    the process: destroying them at exit can race the CUDA driver's own teardown (PyTorch does not
+    either)."""
 
     name = "library"
-
-    def __init__(self, owner: ExitStack):
-        self.owner = owner
 
     @staticmethod
     @abstractmethod
@@ -87,9 +83,11 @@ class VendorLibrary(ABC):
         library does not take it."""
 
     @abstractmethod
-    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace) -> Launcher:
+    def launcher(self, vendor_op: VendorOp, plan: str, arguments: list, workspace,
+                 owner: ExitStack) -> Launcher:
         """Plan `plan` of `vendor_op` on `arguments` (the kernel's device tensors, in its parameter order)
-        with `workspace` (a device tensor of the plan's size, or None)."""
+        with `workspace` (a device tensor of the plan's size, or None); what the launcher alone needs is
+        released when `owner` (its executor's) closes."""
 
 
 register_library = registrar(LIBRARIES)  # class decorator: @register_library("name")
@@ -101,17 +99,15 @@ def installed() -> dict[str, str]:
     return {name: version for name, version in versions.items() if version is not None}
 
 
-_SHARED: dict[tuple, VendorLibrary] = {}  # by (class, process, thread)
-_SHARED_OWNER = ExitStack()  # releases the shared libraries' handles at exit
-atexit.register(_SHARED_OWNER.close)
+_SHARED: dict[tuple, VendorLibrary] = {}  # by (class, thread)
 
 
 def shared_library(cls: type[VendorLibrary]) -> VendorLibrary:
-    """This process's and thread's instance of library `cls`, opened on first use and kept until exit (a
-    handle is used by one thread at a time; a forked child opens its own)."""
-    key = (cls, os.getpid(), threading.get_ident())
+    """This thread's instance of library `cls`, opened on first use. An executor keeps the instance of the
+    thread that made it, so a library's launchers may run on several threads at once."""
+    key = (cls, threading.get_ident())
     if key not in _SHARED:
-        _SHARED[key] = cls(_SHARED_OWNER)
+        _SHARED[key] = cls()
     return _SHARED[key]
 
 

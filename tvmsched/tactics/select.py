@@ -52,6 +52,11 @@ class Selection:
     graph: KernelGraph
     timings: dict[int, tuple[float | None, float]]
 
+    @property
+    def tvm_ms(self) -> dict[int, float]:
+        """TVM's function's milliseconds, by chosen kernel, where timed."""
+        return {kernel: tvm for kernel, (tvm, _) in self.timings.items() if tvm is not None}
+
 
 def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], object], device_name: str,
                    kernels_hash: str, constants: dict[str, np.ndarray], cache: Path | None = None,
