@@ -138,7 +138,7 @@ class _Problem:
         lt = _lt()
         self.gemm = gemm
         self.compute = (cublas.ComputeType.COMPUTE_32F, nvmath.CudaDataType.CUDA_R_32F)
-        self.desc = self._matmul_desc(None, ExitStack())  # kept with the library
+        self.desc = self._matmul_desc(None, None)
         in_type, out_type = (getattr(nvmath.CudaDataType, TYPES[dtype]) for dtype in (gemm.in_dtype,
                                                                                        gemm.out_dtype))
         self.first = self._layout(in_type, gemm.n, gemm.k, gemm.first_stride)
@@ -151,12 +151,13 @@ class _Problem:
             self._set(lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype,
                       self.preference, getattr(attribute, name), value)
 
-    def _matmul_desc(self, bias_pointer: int | None, owner: ExitStack) -> int:
+    def _matmul_desc(self, bias_pointer: int | None, owner: ExitStack | None) -> int:
         """The matmul's descriptor with its epilogue (and the bias at `bias_pointer`), destroyed when `owner`
-        closes."""
+        closes (kept with the library where None)."""
         lt = _lt()
         desc = lt.matmul_desc_create(*self.compute)
-        owner.callback(lt.matmul_desc_destroy, desc)
+        if owner is not None:
+            owner.callback(lt.matmul_desc_destroy, desc)
         attribute = lt.MatmulDescAttribute
         for name, value in [("EPILOGUE", getattr(lt.Epilogue, self.gemm.epilogue))] + \
                 [("BIAS_POINTER", bias_pointer)] * (bias_pointer is not None):
