@@ -4,6 +4,7 @@ whose output matches TVM's, keeps TVM where it is faster, caches its timings; th
 chosen plans on their streams with workspaces from the memory plan; builds save, load and refuse another
 library version. tests/test_tactics_gpu.py runs cuDNN itself."""
 
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -203,6 +204,17 @@ def test_executors_launch_the_chosen_plans_on_their_streams(fake_cuda, standin, 
         streams = {stream for _, stream, _, _ in StandIn.launched}
         assert streams == ({None} if executor is SequentialExecutor else set(running.streams))
     assert StandIn.opened == 1  # selection and every executor use the process's instance
+
+
+def test_a_library_is_opened_once_per_thread(standin):
+    """Selection and every executor of a thread share one instance; another thread opens its own."""
+    first = library.shared_library(StandIn)
+    assert library.shared_library(StandIn) is first
+    others = []
+    thread = threading.Thread(target=lambda: others.append(library.shared_library(StandIn)))
+    thread.start()
+    thread.join()
+    assert others[0] is not first and StandIn.opened == 2
 
 
 def test_a_build_with_tactics_saves_loads_and_refuses_another_version(fake_cuda, standin, model, tmp_path,
