@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
+import os
+
+# pytest-xdist runs one worker per core: one TVM thread each, not a pool of every core in each worker
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("TVM_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 import onnx
 import pytest
 import tvm
