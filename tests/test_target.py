@@ -1,5 +1,8 @@
 """Target resolution for the local GPU, with a stand-in for `tvm.cuda(0)` (no GPU here)."""
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -44,3 +47,16 @@ def test_host_cores_are_those_the_affinity_allows_at_most_the_physical_ones(monk
     assert (target.host_cores(), target.host_cores(physical=False)) == (4, 8)
     monkeypatch.setattr(target.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert (target.host_cores(), target.host_cores(physical=False)) == (2, 2)
+
+
+@pytest.mark.parametrize("asked", [None, "1"])
+def test_tvms_thread_pool_takes_every_core_unless_told(asked):
+    """`import tvmsched` sizes TVM's CPU thread pool to the physical cores (TVM itself halves x86 hardware
+    threads); a TVM_NUM_THREADS the user set is kept."""
+    env = {name: value for name, value in os.environ.items() if name != "TVM_NUM_THREADS"}
+    if asked:
+        env["TVM_NUM_THREADS"] = asked
+    script = "import tvmsched, tvm; print(tvm.runtime.num_threads())"
+    threads = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()[-1]
+    assert int(threads) == (int(asked) if asked else target.host_cores())
