@@ -84,6 +84,11 @@ class Kernel:
             return "tvm"
         return self.tactic.library + "+tvm" * (self.tactic.split is not None)
 
+    def implementation_in(self, tvm_kernels: tuple[int, ...]) -> str:
+        """Who computes the kernel in a plan whose `tvm_kernels` (`ExecutionPlan.tvm_kernels`) run TVM's
+        function instead of their tactic."""
+        return "tvm" if self.id in tvm_kernels else self.implementation
+
     @property
     def tvm_workspace(self) -> tuple[TensorRef, ...]:
         """The workspace TVM's function takes: all of it without a tactic, else what precedes the tactic's
@@ -154,7 +159,7 @@ class KernelGraph:
         `tvm_kernels` (a plan's, `ExecutionPlan.tvm_kernels`) counted as TVM's."""
         counts: dict[str, int] = {}
         for kernel in self.kernels:
-            implementation = "tvm" if kernel.id in tvm_kernels else kernel.implementation
+            implementation = kernel.implementation_in(tvm_kernels)
             counts[implementation] = counts.get(implementation, 0) + 1
         return counts
 

@@ -138,10 +138,10 @@ def profile(model, repeat: int = 50) -> Profile:
         ms = latencies[kernel.id]
         bound = max(kernel.flops / peaks[0], kernel.bytes / peaks[1]) * 1e3 if peaks else None
         shapes = [" ".join(_dims(t.shape) for t in side) for side in (kernel.inputs, kernel.outputs)]
-        runs_tvm = kernel.tactic is None or kernel.id in model.plan.tvm_kernels
+        implementation = kernel.implementation_in(model.plan.tvm_kernels)
         kernels.append(KernelProfile(kernel.id, kernel.symbol, kernel.op_kinds, *shapes, kernel.flops,
-                                     kernel.bytes, ms, kernel.symbol in tuned and runs_tvm,
-                                     "tvm" if runs_tvm else kernel.implementation, streams[kernel.id],
+                                     kernel.bytes, ms, kernel.symbol in tuned and implementation == "tvm",
+                                     implementation, streams[kernel.id],
                                      None if bound is None else 100 * bound / ms))
     return Profile(name, spec.key, model.plan.scheduler, kernels, timeline, repeat, benchmark_ms)
 

@@ -99,7 +99,7 @@ class Executor(ABC):
         or the plan runs TVM's for it) or the tactic's plan (its folded weights, `tactics.affine`, from the
         `host` constants where given, else read from the device)."""
         workspace = [self.buffers[tensor.name] for tensor in kernel.workspace]
-        if kernel.tactic is None or kernel.id in self.plan.tvm_kernels:
+        if kernel.implementation_in(self.plan.tvm_kernels) == "tvm":
             arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
             tvm_workspace = workspace[:len(kernel.tvm_workspace)]
             return tvm_launcher(self.device, self.library[kernel.symbol], arguments + tvm_workspace)
