@@ -161,7 +161,7 @@ def _first_line(error: Exception) -> str:
 
 def _worker(ops, connection) -> None:
     """A worker process: collects the cases once, then answers case names with result rows."""
-    os.environ.setdefault("TVM_NUM_THREADS", "1")
+    os.environ["TVM_NUM_THREADS"] = "1"  # not defaulted: the parent's `import tvmsched` set every core
     import warnings
     warnings.simplefilter("ignore")
     cases = node_cases(ops)

@@ -297,7 +297,9 @@ def markdown(files: list[Path]) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["_worker"]:
         mode, path, target, build_dir, repeat = sys.argv[2:7]
-        os.environ.setdefault("TVM_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
+        # assigned, not defaulted: `import tvmsched` (here and in the parent) already set every core; TVM
+        # reads it when the first parallel kernel runs
+        os.environ["TVM_NUM_THREADS"] = str(max(1, (os.cpu_count() or 2) // 2))
         print(json.dumps(_worker(mode, Path(path), target, Path(build_dir), int(repeat))))
         return
     parser = argument_parser(__doc__)
