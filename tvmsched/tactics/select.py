@@ -111,8 +111,8 @@ class _Selector:
                constants: dict[str, np.ndarray]) -> tuple[Tactic, tuple[float | None, float]] | None:
         """The fastest working tactic of `kernel`, whose libraries compute `vendor_op` (folded from the
         `constants`, `tactics.affine`) or, where none of a library's whole plans works, its head before the
-        kernel's tail function (`tactics.tail`), with
-        (TVM's ms, its ms); None where TVM's function wins or no plan works."""
+        kernel's tail function (`tactics.tail`), with (TVM's ms, its ms); None where TVM's function wins or
+        no plan works."""
         options = []
         ways = _ways(kernel, constants, vendor_op)
         for name, library in self.libraries.items():
