@@ -112,7 +112,8 @@ def network(name: str, batch: int):
 def main() -> None:
     parser = argument_parser(__doc__)
     parser.add_argument("--out-dir", required=True, type=Path, help="writes MODEL_bBATCH.onnx here")
-    parser.add_argument("--models", nargs="+", default=list(TORCHVISION), choices=list(TORCHVISION))
+    parser.add_argument("--models", nargs="+", default=list(TORCHVISION),
+                        help="TORCHVISION keys, torchvision.models builder names or bert_base")
     parser.add_argument("--batch", nargs="+", type=int, default=[1])
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
