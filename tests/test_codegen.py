@@ -85,7 +85,8 @@ def test_hoisting_takes_a_kernel_off_the_workspace_pool():
 
 def _squeeze_excite_model():
     """The squeeze-excite gate of mobilenet_v3 at batch 16 (1x1 conv, hard sigmoid, scale): dlight's Matmul
-    rule raises on its fused kernel (seen on torchvision's mobilenet_v3_large and efficientnet_b0)."""
+    rule raised on its fused kernel while the scale was the convolution's epilogue (seen on torchvision's
+    mobilenet_v3_large and efficientnet_b0)."""
     from conftest import make_model, tensor
     from onnx import helper
 
@@ -100,11 +101,24 @@ def _squeeze_excite_model():
                       [tensor("out", [16, 16, 4, 4])], weights, opset=17)
 
 
-def test_a_failing_dlight_rule_falls_back_to_the_next_and_is_named():
+class _Raising:
+    """A stand-in dlight rule that raises on every kernel."""
+
+    def apply(self, function, target, tunable):
+        raise AssertionError("a rule's own check")
+
+
+def test_a_failing_dlight_rule_falls_back_to_the_next_and_is_named(monkeypatch):
+    from tvm.s_tir import dlight
+
+    from tvmsched import codegen
+
+    assert tvmsched.compile(_squeeze_excite_model(), target="nvidia/nvidia-h100", tuned=False).meta.fallbacks == ()
+    monkeypatch.setattr(dlight.gpu, "Raising", _Raising, raising=False)
+    monkeypatch.setattr(codegen, "GPU_RULES", ("Raising", "Fallback"))
     model = tvmsched.compile(_squeeze_excite_model(), target="nvidia/nvidia-h100", tuned=False)
-    (symbol, why), = model.meta.fallbacks
-    assert symbol.startswith("fused_conv2d") and "Matmul failed (AssertionError" in why
-    assert why.endswith("runs the Fallback schedule")
+    conv = [why for symbol, why in model.meta.fallbacks if symbol.startswith("fused_conv2d")]
+    assert conv == ["Raising failed (AssertionError: a rule's own check); runs the Fallback schedule"]
 
 
 class _Broken:

@@ -46,25 +46,41 @@ def test_merge_comes_first_and_composes_with_nhwc_and_fp16():
         assert relative_error(model(x), expected) <= tolerance
 
 
-def convnext_block():
-    """A ConvNeXt block as torchvision exports it: a depthwise 7x7 convolution, a transpose to channels-last
-    for the layer norm and the two matmuls, a transpose back and the residual."""
+def convnext_block(blocks: int = 1):
+    """ConvNeXt blocks as torchvision exports them: a depthwise 7x7 convolution, a transpose to
+    channels-last for the layer norm and the two matmuls, a transpose back, the layer scale and the
+    residual; several blocks after a 1x1 convolution (the stem)."""
     rng = np.random.default_rng(7)
     c = 8
-    weights = {"dw": rng.standard_normal((c, 1, 7, 7)).astype("float32") / 7,
-               "db": rng.standard_normal(c).astype("float32"), "g": np.ones(c, "float32"),
-               "b": np.zeros(c, "float32"), "w1": rng.standard_normal((c, 4 * c)).astype("float32") / 3,
-               "b1": rng.standard_normal(4 * c).astype("float32"),
-               "w2": rng.standard_normal((4 * c, c)).astype("float32") / 6,
-               "b2": rng.standard_normal(c).astype("float32")}
-    nodes = [helper.make_node("Conv", ["input", "dw", "db"], ["c"], group=c, pads=[3, 3, 3, 3]),
-             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
-             helper.make_node("LayerNormalization", ["t", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
-             helper.make_node("MatMul", ["n", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
-             helper.make_node("Relu", ["a1"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["m2"]),
-             helper.make_node("Add", ["m2", "b2"], ["a2"]),
-             helper.make_node("Transpose", ["a2"], ["t2"], perm=[0, 3, 1, 2]),
-             helper.make_node("Add", ["t2", "input"], ["y"])]
+    weights, nodes, x = {}, [], "input"
+    if blocks > 1:
+        weights["stem"] = rng.standard_normal((c, c, 1, 1)).astype("float32") / 3
+        nodes, x = [helper.make_node("Conv", ["input", "stem"], ["stemmed"])], "stemmed"
+    for block in range(blocks):
+        def name(base: str) -> str:
+            return f"{base}{block}"
+        weights |= {name("dw"): rng.standard_normal((c, 1, 7, 7)).astype("float32") / 7,
+                    name("db"): rng.standard_normal(c).astype("float32"), name("g"): np.ones(c, "float32"),
+                    name("b"): np.zeros(c, "float32"),
+                    name("w1"): rng.standard_normal((c, 4 * c)).astype("float32") / 3,
+                    name("b1"): rng.standard_normal(4 * c).astype("float32"),
+                    name("w2"): rng.standard_normal((4 * c, c)).astype("float32") / 6,
+                    name("b2"): rng.standard_normal(c).astype("float32"),
+                    name("scale"): rng.uniform(0.5, 1.5, (c, 1, 1)).astype("float32")}
+        nodes += [helper.make_node("Conv", [x, name("dw"), name("db")], [name("c")], group=c, pads=[3, 3, 3, 3]),
+                  helper.make_node("Transpose", [name("c")], [name("t")], perm=[0, 2, 3, 1]),
+                  helper.make_node("LayerNormalization", [name("t"), name("g"), name("b")], [name("n")], axis=-1,
+                                   epsilon=1e-6),
+                  helper.make_node("MatMul", [name("n"), name("w1")], [name("m1")]),
+                  helper.make_node("Add", [name("m1"), name("b1")], [name("a1")]),
+                  helper.make_node("Relu", [name("a1")], [name("r")]),
+                  helper.make_node("MatMul", [name("r"), name("w2")], [name("m2")]),
+                  helper.make_node("Add", [name("m2"), name("b2")], [name("a2")]),
+                  helper.make_node("Transpose", [name("a2")], [name("t2")], perm=[0, 3, 1, 2]),
+                  helper.make_node("Mul", [name("scale"), name("t2")], [name("s")]),
+                  helper.make_node("Add", [name("s"), x], [name("y")])]
+        x = name("y")
+    nodes[-1].output[0] = "y"
     return make_model(nodes, [tensor("input", [2, c, 8, 8])], [tensor("y", [2, c, 8, 8])], weights)
 
 
@@ -79,3 +95,30 @@ def test_a_transpose_to_channels_last_after_a_convolution_is_dropped(precision):
     [convolution] = [kernel for kernel in model.graph.kernels if "conv2d" in kernel.op_kinds]
     assert "transpose" not in convolution.op_kinds and isinstance(convolution.vendor_op.anchor, Conv2d)
     assert relative_error(model(x), expected) <= (1e-5 if precision == "fp32" else TOLERANCE)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_transposes_between_convnext_blocks_cancel(precision):
+    """In NHWC the transpose back to NCHW ending a block moves past its layer scale and residual add, and
+    composes with the next block's transpose to channels-last into one that keeps every axis in place:
+    three blocks after a stem transpose only the model's input and output, and compute what they did."""
+    proto = convnext_block(blocks=3)
+    x = np.random.default_rng(9).standard_normal((2, 8, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(proto, {"input": x})
+    model = tvmsched.compile(proto, target="llvm", layout="nhwc", precision=precision)
+    transposing = [kernel.op_kinds for kernel in model.graph.kernels if "transpose" in kernel.op_kinds]
+    assert len(transposing) == 2, transposing
+    assert relative_error(model(x), expected) <= (1e-5 if precision == "fp32" else TOLERANCE)
+
+
+def test_a_transpose_is_not_moved_where_that_transposes_more():
+    """A transposed tensor read by a softmax and by a relu whose result a softmax reads: moving the
+    transpose past the relu would leave two transposes for one, so it stays."""
+    nodes = [helper.make_node("Transpose", ["input"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Softmax", ["t"], ["s1"], axis=-1), helper.make_node("Relu", ["t"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["s2"], axis=-1), helper.make_node("Add", ["s1", "s2"], ["y"])]
+    proto = make_model(nodes, [tensor("input", [2, 3, 4, 5])], [tensor("y", [2, 4, 5, 3])], {})
+    x = np.random.default_rng(10).standard_normal((2, 3, 4, 5)).astype("float32")
+    model = tvmsched.compile(proto, target="llvm", layout="nhwc")
+    assert sum("transpose" in kernel.op_kinds for kernel in model.graph.kernels) == 1
+    np.testing.assert_allclose(model(x), onnxruntime_outputs(proto, {"input": x})[0], rtol=1e-5, atol=1e-6)

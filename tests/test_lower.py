@@ -1,6 +1,7 @@
 """Lowering: calls whose shapes are only known at run time are left alone by the constant folding."""
 
 import numpy as np
+import onnx
 import pytest
 import tvm
 from conftest import make_model, onnxruntime_outputs, tensor
@@ -45,3 +46,42 @@ def test_a_gather_at_a_constant_index_is_a_slice_that_fuses(index):
     assert [kernel.op_kinds for kernel in compiled.graph.kernels] == [("take", "transpose", "relu")]
     x = np.random.default_rng(15).standard_normal((4, 3, 5)).astype("float32")
     np.testing.assert_array_equal(compiled(x), onnxruntime_outputs(model, {"input": x})[0])
+
+
+def _squeeze_excitation(mean_axes: list[int]) -> onnx.ModelProto:
+    """x * sigmoid(conv(relu(conv(mean(x))))) with the mean over `mean_axes` of 1x8x6x6."""
+    rng = np.random.default_rng(16)
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+             helper.make_node("Conv", ["m", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["c2"]), helper.make_node("Sigmoid", ["c2"], ["s"]),
+             helper.make_node("Mul", ["x", "s"], ["y"])]
+    weights = {"axes": np.array(mean_axes), "w1": rng.standard_normal((2, 8, 1, 1)).astype("float32"),
+               "b1": rng.standard_normal(2).astype("float32"),
+               "w2": rng.standard_normal((8, 2, 1, 1)).astype("float32"),
+               "b2": rng.standard_normal(8).astype("float32")}
+    return make_model(nodes, [tensor("x", [1, 8, 6, 6])], [tensor("y", [1, 8, 6, 6])], weights)
+
+
+def test_a_broadcast_of_a_convolutions_result_is_a_kernel_of_its_own():
+    """A squeeze-and-excitation block's `x * sigmoid(conv(...))` spreads the convolution's 1x8x1x1 result
+    over 1x8x6x6: fused as the convolution's epilogue it ran on the convolution's few threads (0.31 ms
+    for EfficientNet-B0's first one on the H100), so the multiply is a kernel of its own, and the outputs
+    are onnxruntime's."""
+    model = _squeeze_excitation([2, 3])
+    compiled = tvmsched.compile(model, target="llvm")
+    kinds = [kernel.op_kinds for kernel in compiled.graph.kernels]
+    assert ("conv2d", "add", "tir_sigmoid") in kinds and ("multiply",) in kinds
+    x = np.random.default_rng(17).standard_normal((1, 8, 6, 6)).astype("float32")
+    np.testing.assert_allclose(compiled(x), onnxruntime_outputs(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_broadcast_back_over_the_reduced_axes_stays_fused():
+    """`x - mean(x)` spreads the mean over the axis it reduced, as a layer norm spelled out does: one
+    kernel, which dlight's GeneralReduction computes a row per block."""
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+             helper.make_node("Sub", ["x", "m"], ["y"])]
+    model = make_model(nodes, [tensor("x", [4, 16])], [tensor("y", [4, 16])], {"axes": np.array([1])})
+    compiled = tvmsched.compile(model, target="llvm")
+    assert [kernel.op_kinds for kernel in compiled.graph.kernels] == [("mean", "subtract")]
+    x = np.random.default_rng(18).standard_normal((4, 16)).astype("float32")
+    np.testing.assert_allclose(compiled(x), onnxruntime_outputs(model, {"x": x})[0], rtol=1e-5, atol=1e-6)

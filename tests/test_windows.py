@@ -130,17 +130,19 @@ def test_in_nchw_a_thread_takes_one_output_and_large_kernels_keep_fallback():
             assert "T.grid(1, 7, 7, 1)" in scheduled.script()  # rc, ry, rx, then one output
 
 
-def _without_threads(function):
-    """The window rule's schedule of `function` with its thread bindings left out, to run on the CPU."""
+def without_threads(function, rule_name: str = "window"):
+    """A rule's schedule of `function` (`gpu_schedules.RULES`) with its thread bindings left out, to run on
+    the CPU."""
     from tvm import s_tir
 
     from tvmsched import gpu_schedules
 
+    rule = gpu_schedules.RULES[rule_name].rule
     bind, annotate = s_tir.Schedule.bind, s_tir.Schedule.annotate
     s_tir.Schedule.bind = lambda self, loop, thread: None
     s_tir.Schedule.annotate = lambda self, *args, **kwargs: None
     try:
-        return gpu_schedules.window(function, resolve_target("nvidia/nvidia-h100").tvm_target).mod["main"]
+        return rule(function, resolve_target("nvidia/nvidia-h100").tvm_target).mod["main"]
     finally:
         s_tir.Schedule.bind, s_tir.Schedule.annotate = bind, annotate
 
@@ -171,14 +173,20 @@ def test_the_window_rule_computes_what_the_kernel_computes(function):
     script = next(schedule_candidates(function, resolve_target("nvidia/nvidia-h100"), []))[1].script()
     threads = int(re.search(r"T.thread_binding\((\d+), thread=\"threadIdx.x\"", script).group(1))
     assert threads <= math.prod(int(dim) for dim in function.ty.params[-1].shape)
+    assert_computes_the_kernel(function, "window", 1e-3)
+
+
+def assert_computes_the_kernel(function, rule_name: str, tolerance: float) -> None:
+    """A rule's schedule of `function`, its thread bindings left out, computes on the CPU with bound checks
+    what the kernel as TVM wrote it computes."""
     rng = np.random.default_rng(14)
     arrays = [rng.standard_normal([int(dim) for dim in param.shape]).astype(str(param.dtype))
               for param in function.ty.params]
     outputs = []
-    for each in (function, _without_threads(function)):
+    for each in (function, without_threads(function, rule_name)):
         with tvm.transform.PassContext(config={"tirx.instrument_bound_checkers": True}):
             library = tvm.compile(tvm.IRModule({"main": each}), target="llvm")
         tensors = [tvm.runtime.tensor(array) for array in arrays]
         library["main"](*tensors)
         outputs.append(tensors[-1].numpy())
-    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=tolerance, atol=tolerance)
