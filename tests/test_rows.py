@@ -19,9 +19,9 @@ def _layer_norm(shape, dtype="float32"):
     return te.create_prim_func([data, gamma, beta, topi.nn.layer_norm(data, gamma, beta, axis=[-1])])
 
 
-def _softmax(shape):
+def _softmax(shape, axis=-1):
     data = te.placeholder(shape, name="data")
-    return te.create_prim_func([data, topi.nn.softmax(data, axis=-1)])
+    return te.create_prim_func([data, topi.nn.softmax(data, axis=axis)])
 
 
 @pytest.mark.parametrize("function, rule, warps", [
@@ -30,6 +30,8 @@ def _softmax(shape):
     (_softmax((2, 12, 197, 197)), "rows", 1),  # ViT's attention scores: a row not a multiple of a warp
     (_layer_norm((1, 128, 384)), "rows", 1),  # few rows: one a block
     (_layer_norm((2, 128, 768)), "GeneralReduction", None),  # BERT's: long rows, a block each
+    # over a middle axis: the same domain in every block, but the maxima read along another axis
+    (_softmax((8, 128, 128), axis=1), "GeneralReduction", None),
 ])
 def test_short_rows_take_a_warp_each(function, rule, warps):
     """Up to eight rows a block, as many as divide the innermost spatial axis and leave at least

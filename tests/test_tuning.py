@@ -494,6 +494,25 @@ def test_builds_load_only_the_best_record_of_each_workload(tuned_log, tmp_path):
     assert all(sum(record[1]) / len(record[1]) == best[index] for index, record in kept)
 
 
+def test_a_build_loads_only_its_own_workloads_records(tuned_log, tmp_path):
+    """A build reads the best records of the workloads it compiles alone, renumbered (MetaSchedule replays
+    every record it loads; a tensor-core record of another model would need TVM's tensor intrinsics)."""
+    log, _ = tuned_log
+    workloads = lines(log.workloads_path)
+    keys = [json.loads(line)[0] for line in workloads]
+    log.database(tmp_path / "all")
+    everything = [json.loads(line) for line in (tmp_path / "all" / "database_tuning_record.json").read_text()
+                  .splitlines()]
+    wanted = {keys[index] for index, _ in everything[::2]}
+    log.database(tmp_path / "some", wanted)
+    kept_workloads = (tmp_path / "some" / "database_workload.json").read_text().splitlines()
+    kept = [json.loads(line) for line in (tmp_path / "some" / "database_tuning_record.json").read_text()
+            .splitlines()]
+    assert [json.loads(line)[0] for line in kept_workloads] == [key for key in keys if key in wanted]
+    assert sorted((json.loads(kept_workloads[index])[0], record[1]) for index, record in kept) == sorted(
+        (keys[index], record[1]) for index, record in everything if keys[index] in wanted)
+
+
 @pytest.mark.gpu
 def test_two_kernels_at_once_on_the_gpu_then_the_build_matches_onnxruntime(tmp_path, branchy_model):
     """The CUDA path of concurrent tuning: pooled NVRTC builds, one runner measuring for both threads."""

@@ -16,7 +16,7 @@ import onnx
 import tvm
 
 from tvmsched import frontend, measure, weights, zoo
-from tvmsched.codegen import build_library
+from tvmsched.codegen import anonymous, build_library
 from tvmsched.cost import CostModel, create_cost_model
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.cost.measured import MeasuredCost
@@ -45,7 +45,7 @@ from tvmsched.target import (
     resolve_target,
     target_device_name,
 )
-from tvmsched.tuning import applied, build_logs
+from tvmsched.tuning import applied, build_logs, database_key
 
 META_SCHEMA = 1
 DIGESTED = ("model.so", weights.BINARY, weights.INDEX)  # checked before anything is read
@@ -242,7 +242,9 @@ def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSp
     module = kernel_module(lowered)
     if tail.wanted(kernels, spec):
         module = tail.with_tails(module, graph)
-    with applied(logs, workloads) as (database, keep_default, used):
+    keys = {database_key(tvm.IRModule({"main": anonymous(function)})) for function in module.functions.values()
+            if isinstance(function, tvm.tirx.PrimFunc)}
+    with applied(logs, workloads, keys) as (database, keep_default, used):
         built = build_library(module, spec, database, keep_default)
     return built, graph.with_workspace(built.workspace), used
 

@@ -1,4 +1,4 @@
-"""Default GPU schedules of tvmsched's own, tried before dlight's rules where they apply (`codegen`).
+"""Default GPU schedules of tvmsched's own, tried among dlight's rules where they apply (`codegen`).
 
 `rows` is the rule for row reductions (a layer norm, a softmax: reductions over the trailing axes, then
 an element-wise block over the same rows) whose rows are short: a warp per row, up to ROWS rows a block
@@ -107,7 +107,7 @@ def rows(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
             or [str(it.dom) for it in infos[-1].iters] != [str(extent) for extent in domain]):
         return None
     domain = [int(extent) for extent in domain]
-    if math.prod(domain[spatial:]) > MAX_ROW:
+    if math.prod(domain[spatial:]) > MAX_ROW or not _read_by_rows(sch, infos, spatial):
         return None
     rows = math.prod(domain[:spatial])
     per_block = max(count for count in (1, 2, 4, ROWS) if count == 1 or (
@@ -128,6 +128,22 @@ def rows(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     except s_tir.ScheduleError:
         return None
     return sch
+
+
+def _read_by_rows(sch: s_tir.Schedule, infos, spatial: int) -> bool:
+    """Whether every block after a reduction reads its results at the block's own first `spatial` iters
+    (constant indices aside): then a row's warp needs its row's results alone. A softmax over a middle axis
+    of a square tensor has the same domain in every block but reads the maxima along another axis."""
+    buffers = [write.source for info in infos[:-1] for write in sch.get(info.block_rv).writes]
+    for info in infos[1:]:
+        block = sch.get(info.block_rv)
+        rows = [iter_var.var for iter_var in block.iter_vars[:spatial]]
+        for read in block.reads:
+            if any(read.source.same_as(buffer) for buffer in buffers):
+                indices = [extent.min for extent in read.region if not isinstance(extent.min, tvm.tirx.IntImm)]
+                if len(indices) != len(rows) or not all(index.same_as(row) for index, row in zip(indices, rows)):
+                    return False
+    return True
 
 
 def _across_warp(sch: s_tir.Schedule, loop) -> None:

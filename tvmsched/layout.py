@@ -49,7 +49,8 @@ def _transposes_sunk(module: tvm.IRModule) -> tvm.IRModule:
     NHWC again: five of convnext_tiny's seven kinds of transpose kernels, 0.45 of its 2.2 ms kernel time
     at batch 16 in float16 on the H100. With the transpose moved past the multiply and the add, the two
     compose into one that keeps every axis in place, and is dropped (an identity transpose left in would
-    also keep a convolution's kernel from a vendor library)."""
+    also keep a convolution's kernel from a vendor library). The choice is made once for the whole model:
+    a saving in one place also keeps any growth in another."""
     sunk = _rewritten(module, _SinkTransposes)
     identities = _rewritten(module, _DropIdentityTransposes)
     return sunk if _transposed(sunk) < _transposed(identities) else identities
@@ -64,17 +65,31 @@ def _rewritten(module: tvm.IRModule, mutator) -> tvm.IRModule:
 
 def _transposed(module: tvm.IRModule) -> int:
     """How many elements `module`'s main transposes, constants' transposes (folded later) aside."""
-    constant = set()
-    elements = 0
-    for block in module["main"].body.blocks:
+    constant = _constant_vars(module["main"])
+    return sum(math.prod(int(dim) for dim in binding.value.ty.shape.values)
+               for block in module["main"].body.blocks for binding in block.bindings
+               if is_op(binding.value, "relax.permute_dims") and binding.var not in constant)
+
+
+def _constant_vars(function: relax.Function) -> set[relax.Var]:
+    """The variables of `function` computed from constants alone (a weight cast to float16, reshaped, a
+    field of a constant tuple), found in one pass over its bindings in order."""
+    constant: set[relax.Var] = set()
+
+    def known(expr) -> bool:
+        if isinstance(expr, relax.Var):
+            return expr in constant
+        if isinstance(expr, relax.Tuple):
+            return all(known(field) for field in expr.fields)
+        return isinstance(expr, tvm.ir.Constant | relax.ShapeExpr)
+
+    for block in function.body.blocks:
         for binding in block.bindings:
             value = binding.value
-            arguments = value.args if isinstance(value, relax.Call) else []
-            if all(isinstance(arg, tvm.ir.Constant) or arg in constant for arg in arguments):
+            if (isinstance(value, relax.Call) and all(known(arg) for arg in value.args)
+                    or isinstance(value, relax.TupleGetItem) and known(value.tuple_value) or known(value)):
                 constant.add(binding.var)
-            elif is_op(value, "relax.permute_dims"):
-                elements += math.prod(int(dim) for dim in value.ty.shape.values)
-    return elements
+    return constant
 
 
 @relax.expr_functor.mutator
@@ -99,6 +114,7 @@ class _SinkTransposes(relax.PyExprMutator):
         self.transposes = {(binding.value.args[0].__chandle__(), tuple(_axes(binding.value)))
                            for block in module["main"].body.blocks for binding in block.bindings
                            if is_op(binding.value, "relax.permute_dims")}
+        self.constants = _constant_vars(module["main"])
 
     def visit_call_(self, op: relax.Call):
         call = self.builder_.normalize(super().visit_call_(op))
@@ -132,11 +148,7 @@ class _SinkTransposes(relax.PyExprMutator):
         return (bound.args[0], _axes(bound)) if is_op(bound, "relax.permute_dims") else None
 
     def _constant(self, expr) -> bool:
-        """Whether `expr` is computed from constants alone (a weight cast to float16, say)."""
-        if isinstance(expr, tvm.ir.Constant | relax.ShapeExpr):
-            return True
-        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-        return isinstance(bound, relax.Call) and all(self._constant(arg) for arg in bound.args)
+        return isinstance(expr, tvm.ir.Constant) or expr in self.constants
 
     def _moved_back(self, tensor: relax.Expr, axes: list[int], rank: int) -> relax.Expr:
         """`tensor` as broadcast against a tensor of `rank` axes, transposed by `axes`."""

@@ -67,7 +67,7 @@ def broadcasts_of_reductions_unfused(module: tvm.IRModule) -> tvm.IRModule:
     spelled out) stays fused: dlight's GeneralReduction computes such a row in one block. So do broadcasts
     of constants (a bias) and of the larger operand. (TVM annotates a broadcasting multiply element-wise.)"""
     reduced: dict[relax.Var, set[int]] = {}  # a reduction's result (or element-wise of it): axes reduced
-    unfused: set[tvm.ir.GlobalVar] = set()
+    unfused: list[relax.Call] = []
     for block in module["main"].body.blocks:
         for binding in block.bindings:
             call, shape = binding.value, _static_shape(binding.var)
@@ -83,12 +83,34 @@ def broadcasts_of_reductions_unfused(module: tvm.IRModule) -> tvm.IRModule:
                 spread = [(reduced[arg], {axis for axis, (dim, out) in enumerate(zip(dims, shape)) if dim < out})
                           for arg, dims in inputs if arg in reduced]
                 if any(not axes <= axes_reduced for axes_reduced, axes in spread):
-                    unfused.add(call.args[0])
+                    unfused.append(call)
                 elif same := [axes_reduced for axes_reduced, axes in spread if not axes]:
                     reduced[binding.var] = same[0]
-    for global_var in unfused:
-        module[global_var] = module[global_var].with_attr("op_pattern", INJECTIVE)
-    return module
+    if not unfused:
+        return module
+    marked = {call.__chandle__(): module[call.args[0]].with_attr("op_pattern", INJECTIVE) for call in unfused}
+    return with_main_mutated(module, _CallsRedirected(module, marked))
+
+
+@relax.expr_functor.mutator
+class _CallsRedirected(relax.PyExprMutator):
+    """Points the given `call_tir`s (by handle) at the given PrimFuncs, each added to the module once under
+    a name of its own: the callee's other calls keep it."""
+
+    def __init__(self, module: tvm.IRModule, callees: dict[int, tvm.tirx.PrimFunc]):
+        super().__init__(module)
+        self.callees = callees
+        self.added: dict[str, tvm.ir.GlobalVar] = {}
+
+    def visit_call_(self, op: relax.Call):
+        call = super().visit_call_(op)
+        function = self.callees.get(op.__chandle__())
+        if function is None:
+            return call
+        callee = call.args[0].name_hint
+        if callee not in self.added:  # under the op's name, which the builder numbers apart
+            self.added[callee] = self.builder_.add_func(function, op_name(callee))
+        return relax.Call(call.op, [self.added[callee], *call.args[1:]], call.attrs, call.ty_args)
 
 
 def _static_shape(var: relax.Var) -> tuple[int, ...] | None:
