@@ -1,5 +1,6 @@
 """A/B of one default CPU schedule rule: each model built for llvm without tuning records twice, with every
-rule of `cpu_schedules.RULES` and with one left out (its kernels then take the next rule that applies),
+rule of `cpu_schedules.RULES` and with one left out (its kernels then take the next rule that applies), or
+with and without the convolutions' channel padding (`--without channel_padding`, `tvmsched.pad_channels`),
 and both builds timed alternately with onnxruntime over several rounds in one process: this machine's
 load changes within minutes, and alternating keeps the three comparable. Every output is checked against
 onnxruntime's. Prints a table and writes JSON.
@@ -27,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tvmsched
 from experiments.common import ResultFile, argument_parser, command, host_median_ms, now, relative_diff
-from tvmsched import cpu_schedules, zoo
+from tvmsched import cpu_schedules, rewrite, zoo
 from tvmsched.target import device_name, resolve_target
 
 
@@ -59,16 +60,23 @@ KERNELS = {"kernel:avg_pool": lambda: _avg_pool([1, 288, 35, 35]),
            "kernel:depthwise5x5_silu": lambda: _depthwise(672, 14, 5, silu=True)}
 
 
+PADDING = "channel_padding"  # `tvmsched.pad_channels`, left out as a rule is
+
+
 def build(proto: onnx.ModelProto, without: str | None) -> tvmsched.CompiledModel:
-    """An untuned llvm build, with rule `without` left out of the CPU rules (None: every rule)."""
-    rules = dict(cpu_schedules.RULES)
+    """An untuned llvm build, with rule `without` left out of the CPU rules, or without the convolutions'
+    channel padding (PADDING); None: everything."""
+    rules, padded = dict(cpu_schedules.RULES), rewrite.channels_padded
     try:
-        if without:
+        if without == PADDING:
+            rewrite.channels_padded = lambda module, lanes: module
+        elif without:
             del cpu_schedules.RULES[without]
         return tvmsched.compile(proto, target="llvm", tuned=False)
     finally:
         cpu_schedules.RULES.clear()
         cpu_schedules.RULES.update(rules)
+        rewrite.channels_padded = padded
 
 
 def measure(name: str, args) -> dict:
@@ -113,7 +121,7 @@ def table(rows: list[dict], without: str) -> str:
 
 def main() -> int:
     parser = argument_parser(__doc__)
-    parser.add_argument("--without", required=True, choices=list(cpu_schedules.RULES))
+    parser.add_argument("--without", required=True, choices=[*cpu_schedules.RULES, PADDING])
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", nargs="+", default=zoo.list_models(),
                         help=f"zoo names, .onnx files or one-kernel models ({', '.join(KERNELS)})")
@@ -123,7 +131,8 @@ def main() -> int:
     args = parser.parse_args()
     results = ResultFile.load(Path(args.out), "model")
     results.commands.append(command("experiments.cpu_rules"))
-    header = {"experiment": f"CPU default schedules with and without the '{args.without}' rule, untuned",
+    header = {"experiment": f"CPU builds with and without '{args.without}' (a default schedule rule, or the "
+                            f"channel padding), untuned",
               "device": device_name(resolve_target("llvm")), "tvm": tvm.__version__,
               "onnxruntime": onnxruntime.__version__,
               "timing": "per round the median of --repeat runs of each build and of onnxruntime (default "

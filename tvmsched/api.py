@@ -176,7 +176,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     def group_latencies(module: tvm.IRModule) -> tuple[float, ...]:
         progress("choosing the convolutions to merge (each group timed merged and not)")
         return alternative_ms(module, spec, logs, kernels)
-    merged = rewrite(relax_module, precision, layout, merge, group_latencies)
+    merged = rewrite(relax_module, precision, layout, merge, group_latencies, spec)
     output_names = [value.name for value in proto.graph.output]
 
     def built(rewritten: Merged) -> CompiledModel:
@@ -203,7 +203,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     if merge != "auto" or not merged.convolutions or not _has_gpu(spec):
         return model
     progress("checking the merged model against the unmerged one (each built, scheduled and timed)")
-    plain = built(replace(rewrite(relax_module, precision, layout), choices=merged.choices))
+    plain = built(replace(rewrite(relax_module, precision, layout, spec=spec), choices=merged.choices))
     return whole_model_check(model, plain)
 
 

@@ -594,7 +594,7 @@ def _tune(args) -> None:
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
             module = frontend.to_relax(proto, inputs, constants)
-            lowered = [lower(rewrite(module, args.precision, args.layout, merge).module)
+            lowered = [lower(rewrite(module, args.precision, args.layout, merge, spec=spec).module)
                        for merge in _tuned_merges(args.merge)]
             modules += lowered
             if spec.kind == "cuda" and tvm.cuda(0).exist and not args.ignore_vendor_plans:

@@ -1,0 +1,55 @@
+"""CPU builds pad convolutions' output channels to full vectors (`tvmsched.pad_channels`): the padded
+builds compute what onnxruntime computes, and only the convolutions the rule names are padded."""
+
+import numpy as np
+import pytest
+from conftest import make_model, onnxruntime_outputs, tensor
+from onnx import helper
+
+import tvmsched
+
+
+def _convolution(channels: int, epilogue: str, groups: int = 1):
+    """A 3x3 convolution of 32 channels to `channels` with a bias and `epilogue` ("relu", or "norm": a
+    batch norm, then a relu), read by an average pool so that it is the convolution's alone."""
+    rng = np.random.default_rng(22)
+    weights = {"w": rng.standard_normal((channels, 32 // groups, 3, 3)).astype("float32") / 10,
+               "b": rng.standard_normal(channels).astype("float32")}
+    nodes = [helper.make_node("Conv", ["input", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=groups)]
+    if epilogue == "norm":
+        weights |= {"gamma": rng.uniform(0.5, 1.5, channels).astype("float32"),
+                    "beta": rng.standard_normal(channels).astype("float32"),
+                    "mean": rng.standard_normal(channels).astype("float32"),
+                    "var": rng.uniform(0.5, 1.5, channels).astype("float32")}
+        nodes.append(helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"]))
+        nodes.append(helper.make_node("Relu", ["n"], ["r"]))
+    else:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+    nodes.append(helper.make_node("GlobalAveragePool", ["r"], ["output"]))
+    return make_model(nodes, [tensor("input", [1, 32, 9, 9])], [tensor("output", [1, channels, 1, 1])], weights)
+
+
+def _padded(model) -> bool:
+    return any("strided_slice" in kernel.op_kinds for kernel in model.graph.kernels)
+
+
+@pytest.mark.parametrize("channels, epilogue", [(1000, "relu"), (78, "norm"), (156, "relu")])
+def test_padded_convolutions_compute_what_the_model_computes(channels, epilogue):
+    """1,000 channels run 8 lanes of AVX-512's 16 unpadded, 78 two (padded: any vector width); a batch
+    norm's statistics are padded with the convolution, the slice after its relu."""
+    proto = _convolution(channels, epilogue)
+    x = np.random.default_rng(23).standard_normal((1, 32, 9, 9)).astype("float32")
+    model = tvmsched.compile(proto, target="llvm")
+    assert _padded(model) == (channels % 16 != 0 and (channels >= 96 or channels % 4 != 0))
+    np.testing.assert_allclose(model(x), onnxruntime_outputs(proto, {"input": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels, groups, target", [
+    (44, 1, "llvm"),  # four lanes and under 96 channels: padding measured no faster (nasnet)
+    (24, 1, "llvm"),  # padding to 32 would add a third more filters
+    (1000, 8, "llvm"),  # grouped
+    (1000, 1, "nvidia/nvidia-h100"),  # the GPU's schedules do not vectorize channels
+])
+def test_other_convolutions_are_not_padded(channels, groups, target):
+    model = tvmsched.compile(_convolution(channels, "relu", groups), target=target, tuned=False)
+    assert not _padded(model)
