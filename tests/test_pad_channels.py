@@ -3,10 +3,13 @@ builds compute what onnxruntime computes, and only the convolutions the rule nam
 
 import numpy as np
 import pytest
+import tvm
 from conftest import make_model, onnxruntime_outputs, tensor
 from onnx import helper
 
 import tvmsched
+from tvmsched.cpu_schedules import vector_lanes
+from tvmsched.target import resolve_target
 
 
 def _convolution(channels: int, epilogue: str, groups: int = 1):
@@ -35,13 +38,30 @@ def _padded(model) -> bool:
 
 @pytest.mark.parametrize("channels, epilogue", [(1000, "relu"), (78, "norm"), (156, "relu")])
 def test_padded_convolutions_compute_what_the_model_computes(channels, epilogue):
-    """1,000 channels run 8 lanes of AVX-512's 16 unpadded, 78 two (padded: any vector width); a batch
-    norm's statistics are padded with the convolution, the slice after its relu."""
+    """Padded where the rule says for this CPU's lanes (1,000 channels run 8 lanes of AVX-512's 16, 78
+    two); the bias, a batch norm's statistics and the relu are padded with the convolution and the slice
+    comes after them."""
     proto = _convolution(channels, epilogue)
     x = np.random.default_rng(23).standard_normal((1, 32, 9, 9)).astype("float32")
     model = tvmsched.compile(proto, target="llvm")
-    assert _padded(model) == (channels % 16 != 0 and (channels >= 96 or channels % 4 != 0))
+    lanes = vector_lanes(resolve_target("llvm").tvm_target, tvm.DataType("float32"))
+    extra = -channels % lanes
+    assert _padded(model) == bool(extra and extra <= channels / 8 and (channels >= 96 or channels % 4))
+    assert not any(kernel.op_kinds[:2] == ("conv2d", "strided_slice") for kernel in model.graph.kernels)
     np.testing.assert_allclose(model(x), onnxruntime_outputs(proto, {"input": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_constant_data_input_keeps_its_batch():
+    """A convolution of a constant (an input bound with --constant-input) pads its weights alone."""
+    rng = np.random.default_rng(24)
+    weights = {"w": rng.standard_normal((100, 8, 3, 3)).astype("float32"),
+               "data": rng.standard_normal((1, 8, 9, 9)).astype("float32")}
+    nodes = [helper.make_node("Conv", ["data", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "input"], ["output"])]
+    proto = make_model(nodes, [tensor("input", [1, 100, 9, 9])], [tensor("output", [1, 100, 9, 9])], weights)
+    x = rng.standard_normal((1, 100, 9, 9)).astype("float32")
+    np.testing.assert_allclose(tvmsched.compile(proto, target="llvm")(x), onnxruntime_outputs(proto, {"input": x})[0],
+                               rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("channels, groups, target", [

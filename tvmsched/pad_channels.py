@@ -9,8 +9,8 @@ convolutions measured 5% slower padded); so are the per-channel constants of the
 batch norm that follow it alone (the epilogue its kernel fuses), and the slice comes after them: sliced
 right after the convolution, a batch norm behind the slice was a second pass over the output (the `gemm`
 rule does not inline another shape into its accumulator). Measured on this project's 2-core Zen 5
-(2026-11-26, `experiments/cpu_rules.py --without channel_padding`): squeezenet 3.55 → 3.31 ms, randwire
-17.2 → 9.9 ms, nasnet and googlenet unchanged.
+(2026-11-26, `experiments/cpu_rules.py --without channel_padding`): squeezenet 3.47 → 3.24 ms, randwire
+17.2 → 9.6 ms, nasnet and googlenet unchanged.
 """
 
 from __future__ import annotations
@@ -39,15 +39,18 @@ def channels_padded(module: tvm.IRModule, lanes: int) -> tvm.IRModule:
     convolution whose output channels exceed `lanes` without being a multiple of it computing zero filters
     up to the next multiple, through the per-channel epilogue only it reads, then sliced back."""
     module = relax.transform.DeadCodeElimination()(module)  # a batch norm's unused statistics
-    roles = _roles(module["main"], lanes)
+    module["main"] = _ReshapedConstants().visit_expr(module["main"])  # a bias is reshape(constant)
+    constants = {binding.var.__chandle__(): binding.value for block in module["main"].body.blocks
+                 for binding in block.bindings if isinstance(binding.value, tvm.ir.Constant)}
+    roles = _roles(module["main"], lanes, constants)
     if not roles:
         return module
     padded = tvm.IRModule(dict(module.functions), attrs=module.attrs)
-    padded["main"] = _PadChannels(roles).visit_expr(module["main"])
+    padded["main"] = _PadChannels(roles, constants).visit_expr(module["main"])
     return padded
 
 
-def _roles(function: relax.Function, lanes: int) -> dict[int, tuple[str, int, int]]:
+def _roles(function: relax.Function, lanes: int, constants: dict) -> dict[int, tuple[str, int, int]]:
     """By handle of each binding's value in a padded chain: ("conv" | "epilogue", channels, extra), and
     "last" for the value after which the slice goes (the convolution itself where nothing follows)."""
     bindings = [binding for block in function.body.blocks for binding in block.bindings]
@@ -69,7 +72,7 @@ def _roles(function: relax.Function, lanes: int) -> dict[int, tuple[str, int, in
         extra = -channels % lanes
         chain, current = [binding], binding
         while uses[current.var.__chandle__()] == 1 and (following := consumer.get(current.var.__chandle__())) \
-                and _epilogue(following.value, current.var, channels):
+                and _epilogue(following.value, current.var, channels, constants):
             chain.append(following)
             current = following
         while chain and not isinstance(chain[-1].var.ty, relax.TensorType):  # a batch norm's tuple
@@ -95,14 +98,14 @@ def _paddable(value, lanes: int) -> int | None:
         and extra <= MOST_EXTRA * channels else None
 
 
-def _epilogue(value, source: relax.Var, channels: int) -> bool:
+def _epilogue(value, source: relax.Var, channels: int, constants: dict) -> bool:
     """Whether `value` computes on `source` per channel: an element-wise op whose other tensors are
     constants of one value per channel (or one value), a batch norm by constants, or its result's field."""
     if isinstance(value, relax.TupleGetItem):
         return value.tuple_value.same_as(source) and value.index == 0
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
         return False
-    others = [arg for arg in value.args if not arg.same_as(source)]
+    others = [constants.get(arg.__chandle__(), arg) for arg in value.args if not arg.same_as(source)]
     if value.op.name == "relax.nn.batch_norm":
         return (value.args[0].same_as(source) and int(value.attrs.axis) == 1
                 and all(isinstance(arg, tvm.ir.Constant) for arg in others))
@@ -120,17 +123,32 @@ def _per_channel(expr, channels: int) -> bool:
 
 
 @relax.expr_functor.mutator
+class _ReshapedConstants(relax.PyExprMutator):
+    """Replaces `reshape(constant, shape)` (as the importer gives a convolution's bias) by the reshaped
+    constant, so that an epilogue's per-channel operand is a constant (bound to a variable) to pad."""
+
+    def visit_call_(self, op: relax.Call):
+        call = super().visit_call_(op)
+        if is_op(call, "relax.reshape") and isinstance(call.args[0], tvm.ir.Constant) \
+                and isinstance(call.ty, relax.TensorType) and isinstance(call.ty.shape, relax.ShapeExpr):
+            shape = [int(dim) for dim in call.ty.shape.values]
+            return relax.const(call.args[0].value.numpy().reshape(shape), str(call.ty.dtype))
+        return call
+
+
+@relax.expr_functor.mutator
 class _PadChannels(relax.PyExprMutator):
-    def __init__(self, roles: dict):
+    def __init__(self, roles: dict, constants: dict):
         super().__init__()
-        self.roles = roles
+        self.roles, self.constants = roles, constants
 
     def visit_call_(self, op: relax.Call):
         role = self.roles.get(op.__chandle__())
         if role is None:
             return self._sliced(op, super().visit_call_(op))
         _, channels, extra = role  # the arguments padded before the call is typed (their shapes must agree)
-        args = [self._padded(self.visit_expr(arg), op, index, channels, extra) for index, arg in enumerate(op.args)]
+        args = [self._padded(self.constants.get(arg.__chandle__()) or self.visit_expr(arg), op, index, channels,
+                             extra) for index, arg in enumerate(op.args)]
         return self._sliced(op, relax.Call(op.op, args, op.attrs, op.ty_args))
 
     def visit_tuple_getitem_(self, op: relax.TupleGetItem):
@@ -151,8 +169,12 @@ class _PadChannels(relax.PyExprMutator):
         array = arg.value.numpy()
         name = call.op.name
         if name == "relax.nn.conv2d":
+            if index != 1:  # the weights (a constant data input keeps its batch)
+                return arg
             axis, value = 0, 0.0
         elif name == "relax.nn.batch_norm":
+            if index == 0:
+                return arg
             axis, value = 0, NORM_PADDING[index - 1]
         else:
             axis, value = array.ndim - 3, PADDED_WITH[name]
