@@ -1,6 +1,7 @@
 """A/B of one default CPU schedule rule: each model built for llvm without tuning records twice, with every
 rule of `cpu_schedules.RULES` and with one left out (its kernels then take the next rule that applies), or
-with and without the convolutions' channel padding (`--without channel_padding`, `tvmsched.pad_channels`),
+with and without one of the CPU rewrites (`--without channel_padding`, `tvmsched.pad_channels`;
+`--without packed_weights`, `tvmsched.packed_weights`),
 and both builds timed alternately with onnxruntime over several rounds in one process: this machine's
 load changes within minutes, and alternating keeps the three comparable. Every output is checked against
 onnxruntime's. Prints a table and writes JSON.
@@ -60,23 +61,25 @@ KERNELS = {"kernel:avg_pool": lambda: _avg_pool([1, 288, 35, 35]),
            "kernel:depthwise5x5_silu": lambda: _depthwise(672, 14, 5, silu=True)}
 
 
-PADDING = "channel_padding"  # `tvmsched.pad_channels`, left out as a rule is
+# the CPU rewrites of `tvmsched.rewrite`, left out as a rule is: name → the function `rewrite` calls
+REWRITES = {"channel_padding": "channels_padded", "packed_weights": "weights_packed"}
 
 
 def build(proto: onnx.ModelProto, without: str | None) -> tvmsched.CompiledModel:
-    """An untuned llvm build, with rule `without` left out of the CPU rules, or without the convolutions'
-    channel padding (PADDING); None: everything."""
-    rules, padded = dict(cpu_schedules.RULES), rewrite.channels_padded
+    """An untuned llvm build, with rule `without` left out of the CPU rules, or without one of the CPU
+    rewrites (REWRITES); None: everything."""
+    rules, functions = dict(cpu_schedules.RULES), {name: getattr(rewrite, name) for name in REWRITES.values()}
     try:
-        if without == PADDING:
-            rewrite.channels_padded = lambda module, lanes: module
+        if without in REWRITES:
+            setattr(rewrite, REWRITES[without], lambda module, *args: module)
         elif without:
             del cpu_schedules.RULES[without]
         return tvmsched.compile(proto, target="llvm", tuned=False)
     finally:
         cpu_schedules.RULES.clear()
         cpu_schedules.RULES.update(rules)
-        rewrite.channels_padded = padded
+        for name, function in functions.items():
+            setattr(rewrite, name, function)
 
 
 def measure(name: str, args) -> dict:
@@ -121,7 +124,7 @@ def table(rows: list[dict], without: str) -> str:
 
 def main() -> int:
     parser = argument_parser(__doc__)
-    parser.add_argument("--without", required=True, choices=[*cpu_schedules.RULES, PADDING])
+    parser.add_argument("--without", required=True, choices=[*cpu_schedules.RULES, *REWRITES])
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", nargs="+", default=zoo.list_models(),
                         help=f"zoo names, .onnx files or one-kernel models ({', '.join(KERNELS)})")
@@ -131,8 +134,8 @@ def main() -> int:
     args = parser.parse_args()
     results = ResultFile.load(Path(args.out), "model")
     results.commands.append(command("experiments.cpu_rules"))
-    header = {"experiment": f"CPU builds with and without '{args.without}' (a default schedule rule, or the "
-                            f"channel padding), untuned",
+    header = {"experiment": f"CPU builds with and without '{args.without}' (a default schedule rule, or a "
+                            f"CPU rewrite), untuned",
               "device": device_name(resolve_target("llvm")), "tvm": tvm.__version__,
               "onnxruntime": onnxruntime.__version__,
               "timing": "per round the median of --repeat runs of each build and of onnxruntime (default "

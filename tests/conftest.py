@@ -138,3 +138,14 @@ def rpc_tracker():
     for server in servers:
         server.terminate()
     tracker.terminate()
+
+
+@pytest.fixture
+def gpu_rewrites(monkeypatch):
+    """llvm builds rewritten as GPU builds are: without the CPU-only rewrites (padded channels, weights
+    stored output channel last), whose convolutions no vendor library takes. For tests that run tactic
+    recognition and selection on the CPU in place of a GPU."""
+    from tvmsched import rewrite
+
+    monkeypatch.setattr(rewrite, "channels_padded", lambda module, lanes: module)
+    monkeypatch.setattr(rewrite, "weights_packed", lambda module: module)

@@ -41,7 +41,7 @@ def test_errors_are_one_line_with_exit_code_2(args, message):
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
-def test_build_run_bench_round_trip(tmp_path, branchy_model, capsys):
+def test_build_run_bench_round_trip(tmp_path, branchy_model, capsys, gpu_rewrites):
     model_path = tmp_path / "branchy.onnx"
     onnx.save(branchy_model, model_path)
     assert main(["build", str(model_path), "-o", str(tmp_path / "build"), "--batch", "2",

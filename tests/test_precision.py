@@ -100,7 +100,7 @@ def test_an_unknown_precision_or_a_failing_pass_is_refused(branchy_model, monkey
         tvmsched.compile(branchy_model, target="llvm", batch=2, precision="fp16")
 
 
-def test_fp16_batch_norm_computes_in_float16_fused_with_its_convolution_and_relu():
+def test_fp16_batch_norm_computes_in_float16_fused_with_its_convolution_and_relu(gpu_rewrites):
     """A batch norm imported as the op would stay float32, in kernels of its own between casts; decomposed
     first, it follows its convolution in float16 and fuses with it and the relu after it."""
     half = tvmsched.compile(network(), target="llvm", batch=2, precision="fp16")

@@ -70,6 +70,11 @@ def network() -> onnx.ModelProto:
     return make_model(nodes, [tensor("input", [2, 3, 8, 8])], [tensor("output", [2, 5])], weights)
 
 
+@pytest.fixture(autouse=True)
+def _as_on_a_gpu(gpu_rewrites):
+    """This module's llvm builds stand in for GPU builds."""
+
+
 @pytest.fixture
 def standin(monkeypatch):
     """The stand-in library as the one installed vendor library, with the plans and times a test sets:

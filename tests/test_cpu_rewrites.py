@@ -1,5 +1,6 @@
-"""CPU builds pad convolutions' output channels to full vectors (`tvmsched.pad_channels`): the padded
-builds compute what onnxruntime computes, and only the convolutions the rule names are padded."""
+"""The CPU-only rewrites: convolutions' output channels padded to full vectors (`tvmsched.pad_channels`)
+and their weights stored output channel last (`tvmsched.packed_weights`). The rewritten builds compute
+what onnxruntime computes, and only the convolutions the rules name are rewritten."""
 
 import numpy as np
 import pytest
@@ -73,3 +74,23 @@ def test_a_constant_data_input_keeps_its_batch():
 def test_other_convolutions_are_not_padded(channels, groups, target):
     model = tvmsched.compile(_convolution(channels, "relu", groups), target=target, tuned=False)
     assert not _padded(model)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_cpu_weights_are_stored_output_channel_last(layout):
+    """The CPU gemm rule reads a vector of output channels: stored OIHW (OHWI) it packed them inside the
+    kernel on every call, so CPU builds store them IHWO (HWIO); the GPU's keep theirs. Outputs match."""
+    from tvmsched import frontend
+    from tvmsched.rewrite import rewrite
+
+    proto = _convolution(64, "norm")
+    inputs = frontend.bind_input_shapes(proto)
+    for target, moved in (("llvm", True), ("nvidia/nvidia-h100", False)):
+        module = rewrite(frontend.to_relax(proto, inputs), layout=layout, spec=resolve_target(target)).module
+        layouts = [str(binding.value.attrs.kernel_layout) for block in module["main"].body.blocks
+                   for binding in block.bindings if getattr(binding.value, "op", None) is not None
+                   and getattr(binding.value.op, "name", "") == "relax.nn.conv2d"]
+        assert layouts and all(kernel.endswith("O") == moved for kernel in layouts), (target, layouts)
+    x = np.random.default_rng(25).standard_normal((1, 32, 9, 9)).astype("float32")
+    model = tvmsched.compile(proto, target="llvm", layout=layout)
+    np.testing.assert_allclose(model(x), onnxruntime_outputs(proto, {"input": x})[0], rtol=1e-4, atol=1e-5)
