@@ -91,3 +91,30 @@ def test_a_broadcast_back_over_the_reduced_axes_stays_fused():
     assert [kernel.op_kinds for kernel in compiled.graph.kernels] == [("mean", "subtract")]
     x = np.random.default_rng(18).standard_normal((4, 16)).astype("float32")
     np.testing.assert_allclose(compiled(x), onnxruntime_outputs(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_mutated_main_is_a_new_module_and_the_input_keeps_its_own():
+    """`with_main_mutated` returns a new module: the mutator's builder holds the input module itself, and
+    setting its main replaced the input's (the layout rewrite compares two rewrites of one module)."""
+    from tvm import relax
+
+    from tvmsched.lower import with_main_mutated
+
+    x = relax.Var("x", relax.TensorType((2,), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            output = builder.emit_output(builder.emit(relax.op.add(x, x)))
+        builder.emit_func_output(output)
+    module = builder.get()
+    before = module["main"]
+
+    @relax.expr_functor.mutator
+    class Multiply(relax.PyExprMutator):
+        def visit_call_(self, op):
+            call = super().visit_call_(op)
+            return relax.op.multiply(*call.args)
+
+    mutated = with_main_mutated(module, Multiply(module))
+    assert module["main"].same_as(before) and not mutated.same_as(module)
+    assert "multiply" in mutated["main"].script() and "multiply" not in module["main"].script()

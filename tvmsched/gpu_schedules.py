@@ -109,9 +109,9 @@ def rows(function: tvm.tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedu
     domain = [int(extent) for extent in domain]
     if math.prod(domain[spatial:]) > MAX_ROW or not _read_by_rows(sch, infos, spatial):
         return None
-    rows = math.prod(domain[:spatial])
+    every = math.prod(domain[:spatial])  # rows
     per_block = max(count for count in (1, 2, 4, ROWS) if count == 1 or (
-        domain[spatial - 1] % count == 0 and rows // count >= MIN_BLOCKS))
+        domain[spatial - 1] % count == 0 and every // count >= MIN_BLOCKS))
     try:
         loops = sch.get_loops(infos[-1].block_rv)
         if [int(sch.get(loop).extent) for loop in loops] != domain:

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 
 from tvmsched.errors import check_choice
-from tvmsched.lower import is_op
+from tvmsched.lower import is_op, with_main_mutated
 
 LAYOUTS = ("nchw", "nhwc")
 
@@ -57,10 +57,8 @@ def _transposes_sunk(module: tvm.IRModule) -> tvm.IRModule:
 
 
 def _rewritten(module: tvm.IRModule, mutator) -> tvm.IRModule:
-    rewritten = tvm.IRModule(dict(module.functions), attrs=module.attrs)
-    rewritten["main"] = mutator(module).visit_expr(module["main"])
     return tvm.transform.Sequential([relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
-                                     relax.transform.DeadCodeElimination()])(rewritten)
+                                     relax.transform.DeadCodeElimination()])(with_main_mutated(module, mutator(module)))
 
 
 def _transposed(module: tvm.IRModule) -> int:

@@ -168,11 +168,15 @@ def slice_constant_takes(module: tvm.IRModule, takes: LegalizedCalls) -> tvm.IRM
 
 
 def with_main_mutated(module: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:
-    """`module` with `main` visited by `mutator` (a mutator over `module`), and the functions it added."""
+    """A module of `module`'s functions, the functions `mutator` (a mutator over `module`) added, and `main`
+    visited by it. The mutator's builder holds `module` itself (functions it adds are added there too), so
+    the result is a new module: `module` keeps its `main` (setting the builder's replaced it in place, which
+    broke a caller that rewrote one module two ways to compare them)."""
     main = mutator.visit_expr(module["main"])
     mutated = mutator.builder_.get()
-    mutated["main"] = main
-    return mutated
+    result = tvm.IRModule(dict(mutated.functions), attrs=mutated.attrs)
+    result["main"] = main
+    return result
 
 
 @relax.expr_functor.mutator

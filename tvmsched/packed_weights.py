@@ -14,16 +14,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmsched.lower import is_op
+from tvmsched.lower import is_op, with_main_mutated
 
 
 def weights_packed(module: tvm.IRModule) -> tvm.IRModule:
     """`module` with each ungrouped 2-D convolution by constant weights (or constants the layout and
     precision rewrites transposed or cast) taking them with the output channel moved last (OIHW → IHWO,
     OHWI → HWIO)."""
-    packed = tvm.IRModule(dict(module.functions), attrs=module.attrs)
-    packed["main"] = _ChannelLast().visit_expr(module["main"])
-    return packed
+    return with_main_mutated(module, _ChannelLast(module))
 
 
 @relax.expr_functor.mutator

@@ -21,7 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvmsched.lower import is_op
+from tvmsched.lower import is_op, with_main_mutated
 
 MOST_EXTRA = 1 / 8  # padding filters allowed, as a share of the convolution's own
 FEWEST = 96  # channels of the convolutions padded at least, unless their vectors would have NARROW lanes
@@ -39,15 +39,13 @@ def channels_padded(module: tvm.IRModule, lanes: int) -> tvm.IRModule:
     convolution whose output channels exceed `lanes` without being a multiple of it computing zero filters
     up to the next multiple, through the per-channel epilogue only it reads, then sliced back."""
     module = relax.transform.DeadCodeElimination()(module)  # a batch norm's unused statistics
-    module["main"] = _ReshapedConstants().visit_expr(module["main"])  # a bias is reshape(constant)
+    module = with_main_mutated(module, _ReshapedConstants(module))  # a bias is reshape(constant)
     constants = {binding.var.__chandle__(): binding.value for block in module["main"].body.blocks
                  for binding in block.bindings if isinstance(binding.value, tvm.ir.Constant)}
     roles = _roles(module["main"], lanes, constants)
     if not roles:
         return module
-    padded = tvm.IRModule(dict(module.functions), attrs=module.attrs)
-    padded["main"] = _PadChannels(roles, constants).visit_expr(module["main"])
-    return padded
+    return with_main_mutated(module, _PadChannels(module, roles, constants))
 
 
 def _roles(function: relax.Function, lanes: int, constants: dict) -> dict[int, tuple[str, int, int]]:
@@ -55,15 +53,13 @@ def _roles(function: relax.Function, lanes: int, constants: dict) -> dict[int, t
     "last" for the value after which the slice goes (the convolution itself where nothing follows)."""
     bindings = [binding for block in function.body.blocks for binding in block.bindings]
     uses: Counter = Counter()
-    for expr in [binding.value for binding in bindings] + [function.body.body]:
-        relax.analysis.post_order_visit(expr, lambda node: uses.update(
-            [node.__chandle__()] if isinstance(node, relax.Var) else []))
-    consumer = {}
-    for binding in bindings:
+    consumer = {}  # each variable's first reader
+    for binding in [*bindings, None]:  # None: the function's result
         def note(node, binding=binding):
             if isinstance(node, relax.Var):
+                uses[node.__chandle__()] += 1
                 consumer.setdefault(node.__chandle__(), binding)
-        relax.analysis.post_order_visit(binding.value, note)
+        relax.analysis.post_order_visit(binding.value if binding else function.body.body, note)
     roles = {}
     for binding in bindings:
         channels = _paddable(binding.value, lanes)
@@ -138,8 +134,8 @@ class _ReshapedConstants(relax.PyExprMutator):
 
 @relax.expr_functor.mutator
 class _PadChannels(relax.PyExprMutator):
-    def __init__(self, roles: dict, constants: dict):
-        super().__init__()
+    def __init__(self, module: tvm.IRModule, roles: dict, constants: dict):
+        super().__init__(module)
         self.roles, self.constants = roles, constants
 
     def visit_call_(self, op: relax.Call):
