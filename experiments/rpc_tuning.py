@@ -7,7 +7,7 @@ compares every run with the first on the kernels both finished.
     python -m experiments.rpc_tuning --zoo squeezenet googlenet --batch 16 --time-budget 200 \\
         --runs 1:8 2:8 --out experiments/results/rpc_tuning_2026-11-26.json
 
-A run is GPUS:CONCURRENT (kernels tuned at once). The trials per kernel default to tune's: a search yields
+A run is GPUS[:CONCURRENT[:SEEDS]] (kernels tuned at once; tune's --seeds, default its own). The trials per kernel default to tune's: a search yields
 one batch of up to 64 candidates, so fewer trials spend more search per candidate measured. Logs
 and each run's console output go to --work. Runs accumulate in --out: a later call adds its runs after
 those already there (same setup expected).
@@ -116,13 +116,13 @@ class Utilization:
                 "gpu_percent": {index: round(statistics.mean(values), 1) for index, values in gpus.items()}}
 
 
-def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
+def tune_run(gpus: int, concurrent: int, seeds: int, index: int, args, work: Path) -> dict:
     """One `tvmsched tune --rpc` run with `gpus` servers behind a fresh tracker, into an empty log."""
-    run_dir = work / f"run{index}_{gpus}gpu_c{concurrent}"
+    run_dir = work / f"run{index}_{gpus}gpu_c{concurrent}_s{seeds}"
     run_dir.mkdir(parents=True)
     with Tracker(free_port(), gpus, run_dir) as address:
         argv = [sys.executable, "-m", "tvmsched", "tune", "--zoo", *args.zoo, "--batch", str(args.batch),
-                "--target", args.target, "--trials", str(args.trials), "--concurrent", str(concurrent),
+                "--target", args.target, "--trials", str(args.trials), "--concurrent", str(concurrent), "--seeds", str(seeds),
                 "--time-budget", f"{args.time_budget}s", "--search", args.search, "--rpc", str(address),
                 "--log", str(run_dir / "log")]
         start = time.perf_counter()
@@ -140,7 +140,8 @@ def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
     logs = [(run_dir / f"server{gpu}.log").read_text() for gpu in range(gpus)]
     console = (run_dir / "tune.log").read_text()
     tuning_s = tuning_seconds(console)
-    row = {"gpus": gpus, "concurrent": concurrent, "measured": now(), "returncode": returncode,
+    row = {"gpus": gpus, "concurrent": concurrent, "seeds": seeds, "time_budget": args.time_budget,
+           "measured": now(), "returncode": returncode,
            "wall_s": round(wall_s, 1), "tuning_s": tuning_s, "trials": trials,
            "trials_per_min": round(60 * trials / wall_s, 1),
            "trials_per_min_tuning": round(60 * trials / tuning_s, 1) if tuning_s else None,
@@ -150,7 +151,7 @@ def tune_run(gpus: int, concurrent: int, index: int, args, work: Path) -> dict:
            "utilization": utilization.summary(),
            "console_tail": console[-600:],
            "kernels": kernels}
-    print(f"  {gpus} GPU(s), {concurrent} at once: {trials} trials in {tuning_s} s of tuning, {wall_s:.0f} s"
+    print(f"  {gpus} GPU(s), {concurrent} at once, {seeds} seeds: {trials} trials in {tuning_s} s of tuning, {wall_s:.0f} s"
           f" wall ({row['trials_per_min_tuning']} a minute of tuning), {len(finished)} kernels finished;"
           f" utilization {row['utilization']}", flush=True)
     return row
@@ -182,13 +183,22 @@ def compare(base: dict, run: dict, trials: int) -> dict:
               if is_finished(entry, trials) and is_finished(base["kernels"].get(key, {}), trials)]
     ratios = [run["kernels"][key]["best_ms"] / base["kernels"][key]["best_ms"] for key in common]
     rates = [each["trials_per_min_tuning"] for each in (run, base)]
-    return {"runs": f"{run['gpus']}:{run['concurrent']} vs {base['gpus']}:{base['concurrent']}",
+    def name(row: dict) -> str:
+        return f"{row['gpus']}:{row['concurrent']}:{row.get('seeds', 50)}"
+
+    return {"runs": f"{name(run)} vs {name(base)}",
             "trials_per_min_tuning_ratio": round(rates[0] / rates[1], 3) if all(rates) else None,
             "common_finished_kernels": len(common),
             "best_ms_sum": [round(sum(base["kernels"][k]["best_ms"] for k in common), 4),
                             round(sum(run["kernels"][k]["best_ms"] for k in common), 4)],
             "best_ms_geomean_ratio": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
             if ratios else None}
+
+
+def run_spec(text: str) -> tuple[int, int, int]:
+    """GPUS[:CONCURRENT[:SEEDS]] as numbers, 4 kernels at once and tune's seeds where left out."""
+    numbers = [int(part) for part in text.split(":")]
+    return tuple(numbers + [4, TuneOptions.seeds][len(numbers) - 1:])[:3]
 
 
 def main() -> int:
@@ -199,15 +209,14 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=TuneOptions.trials)
     parser.add_argument("--time-budget", type=int, default=200, help="seconds per run")
     parser.add_argument("--search", choices=SEARCH_STRATEGIES, default="evolutionary", help="tune's --search")
-    parser.add_argument("--runs", nargs="+", default=["1:4", "2:4", "2:8"], help="GPUS:CONCURRENT")
+    parser.add_argument("--runs", nargs="+", default=["1:4", "2:4", "2:8"], help="GPUS[:CONCURRENT[:SEEDS]]")
     parser.add_argument("--work", default=None, help="logs and console output (default: a temporary folder)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="tvmsched-rpc-"))
     runs = json.loads(args.out.read_text())["runs"] if args.out.is_file() else []
     for text in args.runs:
-        gpus, _, concurrent = text.partition(":")
-        runs.append(tune_run(int(gpus), int(concurrent or 4), len(runs), args, work))
+        runs.append(tune_run(*run_spec(text), len(runs), args, work))
         setup = {**{key: getattr(args, key)
                     for key in ("zoo", "batch", "target", "trials", "time_budget", "search")},
                  "host_cores": [host_cores(), host_cores(physical=False)]}

@@ -20,7 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import tvmsched
 from tvmsched import frontend
-from tvmsched.errors import TargetError, TuningLogError
+from tvmsched.errors import TargetError, TuningLogError, TvmschedError
 from tvmsched.lower import lower
 from tvmsched.target import resolve_target
 from tvmsched.tuning import TuneOptions, TuningLog, tune
@@ -573,6 +573,19 @@ def test_a_kernel_whose_search_finds_no_candidate_is_searched_again_patiently(tm
     candidates = context.search_strategy.generate_measure_candidates()
     assert candidates is not None and len(candidates) == 4
     assert build_kernel(candidates[0].sch.mod, target).imports  # the CUDA module
+
+
+@pytest.mark.parametrize("seeds, patient_seeds", [(50, 8), (16, 8), (4, 4)])
+def test_seeds_set_where_the_search_starts_and_the_patient_search_starts_from_no_more(seeds, patient_seeds):
+    from tvmsched.tuning.tune import PATIENT_SAMPLING, _strategy
+
+    options = TuneOptions(seeds=seeds)
+    assert _strategy(options).init_min_unmeasured == seeds
+    patient = _strategy(options, patient=True)
+    assert patient.init_min_unmeasured == patient_seeds
+    assert patient.max_fail_count == PATIENT_SAMPLING["max_fail_count"]
+    with pytest.raises(TvmschedError, match="--seeds"):
+        TuneOptions(seeds=0)
 
 
 @pytest.mark.parametrize("first_measures", [0, 4])

@@ -188,6 +188,9 @@ def _add_tune_command(commands) -> None:
     tune.add_argument("--generations", type=_positive, default=TuneOptions.generations,
                       help=f"evolutionary search: mutation rounds per measured batch (default "
                            f"{TuneOptions.generations})")
+    tune.add_argument("--seeds", type=_positive, default=TuneOptions.seeds,
+                      help=f"evolutionary search: valid random candidates a search starts from; fewer "
+                           f"cost less search time per batch (default {TuneOptions.seeds})")
     tune.add_argument("--cost-model", choices=COST_MODELS, default="xgb",
                       help="the model that ranks candidates before measuring (default xgb)")
     tune.add_argument("--ignore-vendor-plans", action="store_true",
@@ -585,7 +588,7 @@ def _tune(args) -> None:
     constants = _npy_arrays("--constant-input", args.constant_input)
     started = time.monotonic()  # the budget covers lowering too
     options = TuneOptions(trials=args.trials, search=args.search,
-                          population=args.population, generations=args.generations,
+                          population=args.population, generations=args.generations, seeds=args.seeds,
                           cost_model=args.cost_model, rpc=args.rpc, workers=args.workers,
                           concurrent=args.concurrent)
     modules, vendor_ms = [], {}

@@ -54,6 +54,7 @@ class TuneOptions:
     search: str = "evolutionary"
     population: int = 256  # evolutionary search: candidates per generation (MetaSchedule: 512)
     generations: int = 2  # evolutionary search: rounds of mutation per measured batch (MetaSchedule: 4)
+    seeds: int = 50  # evolutionary search: new valid random candidates a search starts from (MetaSchedule: 50)
     cost_model: str = "xgb"
     rpc: str | None = None  # HOST:PORT:KEY of a TVM RPC tracker
     workers: int | None = None  # parallel builds (default: every core)
@@ -64,8 +65,8 @@ class TuneOptions:
     def __post_init__(self):
         if self.trials < 1:
             raise TvmschedError(f"--trials must be at least 1, got {self.trials}")
-        if self.population < 1 or self.generations < 1:
-            raise TvmschedError("--population and --generations must be at least 1")
+        if min(self.population, self.generations, self.seeds) < 1:
+            raise TvmschedError("--population, --generations and --seeds must be at least 1")
         if self.search not in SEARCH_STRATEGIES:
             raise TvmschedError(f"unknown search '{self.search}'; use one of {', '.join(SEARCH_STRATEGIES)}")
         if self.cost_model not in COST_MODELS:
@@ -308,7 +309,7 @@ def _kernel_tuning(todo: list[ms.ExtractedTask], options: TuneOptions, concurren
             tasks, work_dir, strategy=strategy, seed=options.seed, num_threads=max(1, cores // concurrent))
 
     def patient_context(index: int):
-        return contexts_with(_strategy(options, PATIENT_SAMPLING), [todo[index]])[0][0]
+        return contexts_with(_strategy(options, patient=True), [todo[index]])[0][0]
 
     contexts, weights = contexts_with(_strategy(options), todo)
     cost_model = SharedCostModel(ms.CostModel.create(options.cost_model, num_tuning_cores=cores), over)
@@ -393,20 +394,23 @@ def _tuning_target(spec: TargetSpec) -> tvm.target.Target:
     return spec.tvm_target
 
 
-# MetaSchedule's evolutionary search starts only from 50 new candidates that pass its checks, and gives up
-# after 5 rounds of `population` samples without one. On the H100, big batch-16 convolutions have 0.3-0.7%
-# of random samples within 48 KB of shared memory (VerifyGPUCode): their search found none in 76-97 s. A
-# kernel whose search found no candidate is searched again starting from 8, and giving up after 20 rounds.
+# MetaSchedule's evolutionary search starts only from `seeds` (50) new candidates that pass its checks, and
+# gives up after 5 rounds of `population` samples without one. On the H100, big batch-16 convolutions have
+# 0.3-0.7% of random samples within 48 KB of shared memory (VerifyGPUCode): their search found none in 76-97 s.
+# A kernel whose search found no candidate is searched again starting from at most 8, and giving up after 20
+# rounds.
 PATIENT_SAMPLING = {"init_min_unmeasured": 8, "max_fail_count": 20}
 
 
-def _strategy(options: TuneOptions, sampling: dict | None = None):
-    """The search strategy of `options`; `sampling`: the evolutionary search's initial-population limits
-    (MetaSchedule's defaults if None)."""
+def _strategy(options: TuneOptions, patient: bool = False):
+    """The search strategy of `options`; `patient`: with PATIENT_SAMPLING's initial-population limits."""
     if options.search != "evolutionary":
         return options.search
+    sampling = {"init_min_unmeasured": options.seeds}
+    if patient:
+        sampling = {**PATIENT_SAMPLING, "init_min_unmeasured": min(options.seeds, 8)}
     return ms.search_strategy.EvolutionarySearch(population_size=options.population,
-                                                 genetic_num_iters=options.generations, **(sampling or {}))
+                                                 genetic_num_iters=options.generations, **sampling)
 
 
 # Each candidate runs for at least 20 ms (MetaSchedule's default: 100): on the H100 the best of 16 candidates
