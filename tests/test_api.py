@@ -95,6 +95,25 @@ def test_load_refuses_missing_corrupt_and_foreign_builds(branchy_model, tmp_path
         tvmsched.load(build)
 
 
+def test_a_second_load_reads_no_unchanged_file_for_its_digest_but_a_changed_one(branchy_model, tmp_path,
+                                                                                  monkeypatch):
+    from tvmsched import api
+
+    build = tvmsched.compile(branchy_model, batch=1).save(tmp_path / "build")
+    tvmsched.load(build)
+    read = []
+    monkeypatch.setattr(api, "_sha256", lambda path, digest=api._sha256: read.append(path.name) or digest(path))
+    tvmsched.load(build)
+    assert read == []
+    with open(build / "weights.bin", "r+b") as file:  # the same size and inode, another byte
+        first = file.read(1)
+        file.seek(0)
+        file.write(bytes([first[0] ^ 1]))
+    with pytest.raises(ArtifactError, match="weights.bin' is corrupt or was replaced"):
+        tvmsched.load(build)
+    assert "weights.bin" in read
+
+
 @pytest.mark.skipif(tvm.cuda(0).exist, reason="needs a machine without a CUDA device")
 def test_a_cuda_build_without_a_cuda_device_is_refused_before_its_library_is_loaded(branchy_model, tmp_path):
     build = tvmsched.compile(branchy_model, target="nvidia/nvidia-h100", batch=1).save(tmp_path / "build")

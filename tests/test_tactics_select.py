@@ -222,16 +222,47 @@ def test_a_library_is_opened_once_per_thread(standin):
     assert others[0] is not first and StandIn.opened == 2
 
 
+def test_a_library_opened_in_the_background_is_the_callers_and_a_failure_is_tried_again(standin,
+                                                                                        monkeypatch):
+    """`open_in_background` makes the calling thread's instance on another thread; the caller's first use
+    waits for it. A library that failed to open raises at its use, and the next use opens it again."""
+    release, threads = threading.Event(), []
+
+    def opened_later(self):
+        release.wait(5)
+        threads.append(threading.current_thread())
+        StandIn.opened += 1
+    monkeypatch.setattr(StandIn, "__init__", opened_later)
+    library.open_in_background(["standin", "not-registered"])
+    assert StandIn.opened == 0  # still opening
+    release.set()
+    instance = library.shared_library(StandIn)
+    assert library.shared_library(StandIn) is instance and StandIn.opened == 1
+    assert threads[0] is not threading.current_thread()
+
+    def fails(self):
+        raise RuntimeError("no handle")
+    monkeypatch.setattr(library, "_SHARED", {})
+    monkeypatch.setattr(StandIn, "__init__", fails)
+    library.open_in_background(["standin"])
+    with pytest.raises(RuntimeError, match="no handle"):
+        library.shared_library(StandIn)
+    monkeypatch.setattr(StandIn, "__init__", opened_later)
+    assert isinstance(library.shared_library(StandIn), StandIn) and StandIn.opened == 2
+
+
 def test_a_build_with_tactics_saves_loads_and_refuses_another_version(fake_cuda, standin, model, tmp_path,
                                                                       monkeypatch):
     scheduled = with_tactics(model, tmp_path, "sequential")
     x = RNG.standard_normal((2, 3, 8, 8)).astype("float32")
     expected = scheduled(x)
+    monkeypatch.setattr(library, "_SHARED", {})  # as in a fresh process: load opens the library
     loaded = tvmsched.load(scheduled.save(tmp_path / "build"))
+    assert list(library._SHARED) == [(StandIn, threading.get_ident())]  # load started opening it
     assert loaded.graph == scheduled.graph and loaded.graph.hash != model.graph.hash
     StandIn.launched.clear()
     np.testing.assert_array_equal(loaded(x), expected)
-    assert StandIn.launched
+    assert StandIn.launched and StandIn.opened == 2  # selection's, then load's for its executor
     monkeypatch.setattr(StandIn, "version", staticmethod(lambda: "2.0"))
     with pytest.raises(ArtifactError, match="chose its standin plans with version 1.0, this is 2.0"):
         tvmsched.load(tmp_path / "build")(x)
@@ -277,6 +308,21 @@ def test_split_tactics_run_the_plan_then_tvms_tail(fake_cuda, standin, monkeypat
     np.testing.assert_array_equal(loaded(x), scheduled(x))
 
 
+def test_the_vendor_op_from_shapes_alone_is_the_one_folded_from_the_values(model):
+    """`vendor_op_of` (selection's op, no weight read or folded) equals `vendor_call`'s op,
+    whole and as a split's head, on every recognized kernel, one of them a folded batch norm."""
+    from tvmsched.tactics.affine import vendor_call, vendor_op_of
+
+    recognized = [kernel for kernel in model.graph.kernels if kernel.vendor_op is not None]
+    folded = 0
+    for kernel in recognized:
+        for split in {None, split_point(kernel.vendor_op)}:
+            op, arrays = vendor_call(kernel, model.constants.__getitem__, split)
+            assert vendor_op_of(kernel, split) == op
+            folded += bool(arrays)
+    assert len(recognized) >= 5 and folded >= 1
+
+
 def test_split_point_leaves_the_library_its_bias_and_the_tail_the_rest():
     def vendor_op(*kinds):
         epilogue = tuple(EpilogueOp(kind, "float16" if kind == "cast" else "float32", 2 if kind in (
@@ -305,12 +351,12 @@ def test_a_tactic_without_a_split_is_written_as_before():
 
 def test_tuning_reads_what_builds_measured_of_the_vendor_plans(fake_cuda, standin, model, tmp_path):
     cache = tmp_path / "tactics.json"
-    assert select.vendor_latencies(model.graph, model.constants, "cpu-test", cache) == {}
+    assert select.vendor_latencies(model.graph, "cpu-test", cache) == {}
     choose(model, "auto", cache)
     recognized = {kernel.workload for kernel in model.graph.kernels if kernel.vendor_op is not None}
-    assert select.vendor_latencies(model.graph, model.constants, "cpu-test", cache) == dict.fromkeys(
+    assert select.vendor_latencies(model.graph, "cpu-test", cache) == dict.fromkeys(
         recognized, 1.0)  # the stand-in's plan, timed at 1 ms
-    assert select.vendor_latencies(model.graph, model.constants, "another-gpu", cache) == {}
+    assert select.vendor_latencies(model.graph, "another-gpu", cache) == {}
 
 
 class PlanTimes:

@@ -603,8 +603,8 @@ def _tune(args) -> None:
             if spec.kind == "cuda" and tvm.cuda(0).exist and not args.ignore_vendor_plans:
                 # what builds measured of the vendor plans here (`tune` measures none)
                 for part in lowered:
-                    graph, values = extract(part, [tensor.name for tensor in inputs])
-                    for workload, ms in vendor_latencies(graph, values, device_name(spec)).items():
+                    graph, _ = extract(part, [tensor.name for tensor in inputs])
+                    for workload, ms in vendor_latencies(graph, device_name(spec)).items():
                         vendor_ms[workload] = min(ms, vendor_ms.get(workload, ms))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))

@@ -31,42 +31,55 @@ def fold_affine(vendor_op: VendorOp, constants: dict[int, np.ndarray],
     become parameters `parameters` and `parameters + 1`; None where nothing folds (no such op beyond a bias,
     weights that are not constant, not a convolution). `constants` holds the constant parameters by
     position."""
+    folding = _folding(vendor_op, {position: value.shape for position, value in constants.items()}, parameters)
+    if folding is None:
+        return None
+    op, folded = folding
     anchor = vendor_op.anchor
-    if not isinstance(anchor, Conv2d) or vendor_op.weight not in constants:
+    axis = 3 if anchor.layout == "NHWC" else 1
+    scale, shift = np.ones(anchor.out_shape[axis]), np.zeros(anchor.out_shape[axis])
+    for step in vendor_op.epilogue[:folded]:
+        if step.kind == "cast":
+            continue
+        value = constants[step.operand].astype(np.float64).reshape(-1)
+        if step.kind == "bias":
+            shift = shift + value
+        elif step.kind == "subtract":
+            shift = shift - value
+        elif step.kind == "multiply":
+            scale, shift = scale * value, shift * value
+        else:
+            scale, shift = scale / value, shift / value
+    weight = constants[vendor_op.weight]
+    scaled = (weight.astype(np.float64) * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(weight.dtype)
+    shape = [len(shift) if dimension == axis else 1 for dimension in range(len(anchor.out_shape))]
+    return op, [scaled, shift.reshape(shape).astype(anchor.accumulate_dtype)]
+
+
+def _folding(vendor_op: VendorOp, shapes: dict[int, tuple[int, ...]],
+             parameters: int) -> tuple[VendorOp, int] | None:
+    """`fold_affine`'s VendorOp and how many leading epilogue ops it folds, from the constant parameters'
+    `shapes` alone."""
+    anchor = vendor_op.anchor
+    if not isinstance(anchor, Conv2d) or vendor_op.weight not in shapes:
         return None
     axis = 3 if anchor.layout == "NHWC" else 1
-    channels = anchor.out_shape[axis]
-    scale, shift = np.ones(channels), np.zeros(channels)
     folded = 0
     for op in vendor_op.epilogue:
         if op.kind == "cast" and op.dtype in FLOATS:
             folded += 1
             continue
-        if op.kind not in FOLDABLE or op.axis != axis or op.operand not in constants:
+        if op.kind not in FOLDABLE or op.axis != axis or op.operand not in shapes \
+                or int(np.prod(shapes[op.operand])) != anchor.out_shape[axis]:
             break
-        value = constants[op.operand].astype(np.float64).reshape(-1)
-        if value.size != channels:
-            break
-        if op.kind == "bias":
-            shift = shift + value
-        elif op.kind == "subtract":
-            shift = shift - value
-        elif op.kind == "multiply":
-            scale, shift = scale * value, shift * value
-        else:
-            scale, shift = scale / value, shift / value
         folded += 1
     if not any(op.kind not in ("bias", "cast") for op in vendor_op.epilogue[:folded]):
         return None
-    weight = constants[vendor_op.weight]
-    scaled = (weight.astype(np.float64) * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(weight.dtype)
     bias = EpilogueOp("bias", anchor.accumulate_dtype, parameters + 1, axis)
     epilogue = (bias, *vendor_op.epilogue[folded:])
     if epilogue[-1].dtype != vendor_op.out_dtype:
         epilogue += (EpilogueOp("cast", vendor_op.out_dtype),)
-    op = replace(vendor_op, weight=parameters, epilogue=epilogue)
-    shape = [channels if dimension == axis else 1 for dimension in range(len(anchor.out_shape))]
-    return op, [scaled, shift.reshape(shape).astype(anchor.accumulate_dtype)]
+    return replace(vendor_op, weight=parameters, epilogue=epilogue), folded
 
 
 def vendor_call(kernel: Kernel, value: Callable[[str], np.ndarray],
@@ -75,9 +88,24 @@ def vendor_call(kernel: Kernel, value: Callable[[str], np.ndarray],
     `tactics.tail`), and the arrays to pass after the kernel's parameters (inputs, then outputs): folded
     by `fold_affine` where the epilogue allows, else the op and none. `value(name)` is a constant tensor's
     value on the host."""
+    vendor_op, constants = _head(kernel, split)
+    folding = fold_affine(vendor_op, {position: value(kernel.inputs[position].name) for position in constants},
+                          len(kernel.inputs) + len(kernel.outputs))
+    return folding or (vendor_op, [])
+
+
+def vendor_op_of(kernel: Kernel, split: int | None = None) -> VendorOp:
+    """`vendor_call`'s VendorOp alone, from the constants' shapes: no value is read or folded."""
+    vendor_op, constants = _head(kernel, split)
+    folding = _folding(vendor_op, {position: kernel.inputs[position].shape for position in constants},
+                       len(kernel.inputs) + len(kernel.outputs))
+    return folding[0] if folding else vendor_op
+
+
+def _head(kernel: Kernel, split: int | None) -> tuple[VendorOp, list[int]]:
+    """The kernel's VendorOp (its head of `split` epilogue ops) and the positions of the constant
+    parameters it reads."""
     vendor_op = kernel.vendor_op if split is None else kernel.vendor_op.head(split)
     read = {vendor_op.weight, *(op.operand for op in vendor_op.epilogue)}
-    constants = {position: value(tensor.name) for position, tensor in enumerate(kernel.inputs)
-                 if position in read and tensor.kind == "constant"}
-    folding = fold_affine(vendor_op, constants, len(kernel.inputs) + len(kernel.outputs))
-    return folding or (vendor_op, [])
+    return vendor_op, [position for position, tensor in enumerate(kernel.inputs)
+                       if position in read and tensor.kind == "constant"]

@@ -9,16 +9,19 @@ CUDA graphs exactly as they capture TVM's. Adding a library is one file with `@r
 A process opens each library once per thread (`shared_library`) and keeps it until it exits: selection and
 every executor use that instance, so what it built stays built. A cuDNN plan of a runtime-fusion engine
 compiles its kernel when built (the fused fp16 NHWC convolutions: seconds each), and a build makes
-executors again and again to time whole plans (dp's baselines, the concurrency-aware choice).
+executors again and again to time whole plans (dp's baselines, the concurrency-aware choice). `load`
+starts opening a build's libraries in the background (`open_in_background`) while it checks and maps the
+build's files.
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from tvmsched.errors import ArtifactError, TargetError
 from tvmsched.registry import registrar
@@ -99,16 +102,48 @@ def installed() -> dict[str, str]:
     return {name: version for name, version in versions.items() if version is not None}
 
 
-_SHARED: dict[tuple, VendorLibrary] = {}  # by (class, thread)
+_SHARED: dict[tuple, Future] = {}  # by (class, thread): the instance, or its opening under way
+_LOCK = threading.Lock()
 
 
 def shared_library(cls: type[VendorLibrary]) -> VendorLibrary:
-    """This thread's instance of library `cls`, opened on first use. An executor keeps the instance of the
-    thread that made it, so a library's launchers may run on several threads at once."""
-    key = (cls, threading.get_ident())
-    if key not in _SHARED:
-        _SHARED[key] = cls()
-    return _SHARED[key]
+    """This thread's instance of library `cls`, opened on first use (or by `open_in_background`, waited
+    for). An executor keeps the instance of the thread that made it, so a library's launchers may run on
+    several threads at once. A library that failed to open is tried again on the next use."""
+    future, mine = _claim((cls, threading.get_ident()))
+    if mine:
+        _open(cls, threading.get_ident(), future)
+    return future.result()
+
+
+def open_in_background(names: Iterable[str]) -> None:
+    """Start opening the named libraries (loading them, making their handles: a few tenths of a second for
+    cuDNN) for the calling thread, each on a thread of its own, so that loading a build overlaps them; the
+    thread's first `shared_library` call waits for them. Names not registered are left out."""
+    caller = threading.get_ident()
+    for name in names:
+        cls = LIBRARIES.get(name)
+        future, mine = _claim((cls, caller)) if cls else (None, False)
+        if mine:
+            threading.Thread(target=_open, args=(cls, caller, future), name=f"tvmsched-open-{name}").start()
+
+
+def _claim(key: tuple) -> tuple[Future, bool]:
+    """The future of `key`'s instance, and whether this caller must open it (nobody has yet)."""
+    with _LOCK:
+        if key in _SHARED:
+            return _SHARED[key], False
+        future = _SHARED[key] = Future()
+        return future, True
+
+
+def _open(cls: type[VendorLibrary], thread: int, future: Future) -> None:
+    try:
+        future.set_result(cls())
+    except BaseException as error:  # noqa: BLE001  (handed to whoever waits; the next use tries again)
+        with _LOCK:
+            _SHARED.pop((cls, thread), None)
+        future.set_exception(error)
 
 
 def open_library(tactic: Tactic) -> VendorLibrary:

@@ -31,7 +31,7 @@ from tvmsched.cache import cache_path, merge_into_cache, read_cache
 from tvmsched.errors import TargetError, check_choice
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.tactics import tail
-from tvmsched.tactics.affine import vendor_call
+from tvmsched.tactics.affine import vendor_op_of
 from tvmsched.tactics.library import LIBRARIES, Tactic, installed, shared_library
 from tvmsched.tactics.vendor_op import VendorOp
 
@@ -78,7 +78,7 @@ def select_tactics(graph: KernelGraph, mode: str, make_timer: Callable[[], objec
         selector = _Selector(owner, versions, make_timer, device_name, kernels_hash,
                              cache or cache_path("tactics.json"))
         # kernels of one PrimFunc whose libraries' op is the same (folded alike) share one choice
-        calls = {kernel.id: vendor_call(kernel, constants.__getitem__)[0] for kernel in recognized}
+        calls = {kernel.id: vendor_op_of(kernel) for kernel in recognized}
         keys = {kernel.id: (kernel.symbol, _digest(calls[kernel.id].to_json())) for kernel in recognized}
         representatives = {keys[kernel.id]: kernel for kernel in reversed(recognized)}
         try:
@@ -114,7 +114,7 @@ class _Selector:
         kernel's tail function (`tactics.tail`), with (TVM's ms, its ms); None where TVM's function wins or
         no plan works."""
         options = []
-        ways = _ways(kernel, constants, vendor_op)
+        ways = _ways(kernel, vendor_op)
         for name, library in self.libraries.items():
             working = len(options)
             for way, op, marker in ways:
@@ -187,8 +187,7 @@ class _Selector:
             merge_into_cache(self.path, CACHE_SECTION, self.measured)
 
 
-def vendor_latencies(graph: KernelGraph, constants: dict[str, np.ndarray], device_name: str,
-                     cache: Path | None = None) -> dict[str, float]:
+def vendor_latencies(graph: KernelGraph, device_name: str, cache: Path | None = None) -> dict[str, float]:
     """By workload, the fastest time the tactics cache holds of a working vendor plan for a kernel of
     `graph` (whole, or a split's head with its tail) on `device_name` with the installed libraries: what a
     build gets from a library there. It measures nothing: kernels no build has timed are absent."""
@@ -198,7 +197,7 @@ def vendor_latencies(graph: KernelGraph, constants: dict[str, np.ndarray], devic
     for kernel in graph.kernels:
         if kernel.vendor_op is None:
             continue
-        for _, op, marker in _ways(kernel, constants, vendor_call(kernel, constants.__getitem__)[0]):
+        for _, op, marker in _ways(kernel, vendor_op_of(kernel)):
             prefixes = tuple(_plan_prefix(device_name, name, version, op)
                              for name, version in versions.items())
             times = [ms for key, ms in entries.items() if ms is not None and key.startswith(prefixes)
@@ -211,15 +210,14 @@ def vendor_latencies(graph: KernelGraph, constants: dict[str, np.ndarray], devic
 TAIL = "/tail-"  # in a split plan's timing key, before the kernel's workload and the build's kernels hash
 
 
-def _ways(kernel: Kernel, constants: dict[str, np.ndarray], whole: VendorOp
-          ) -> list[tuple[int | None, VendorOp, str]]:
+def _ways(kernel: Kernel, whole: VendorOp) -> list[tuple[int | None, VendorOp, str]]:
     """What a library may be asked for `kernel`: its `whole` VendorOp, then, where it has a tail, its head
-    (folded from `constants`), each as (split, op, the marker its timing keys carry after the plan: none for
+    (folded alike), each as (split, op, the marker its timing keys carry after the plan: none for
     the whole op, else the kernel's tail, a function of the build whose kernels hash follows)."""
     split = tail.split_point(kernel.vendor_op)
     ways = [(None, whole, "")]
     if split is not None:
-        head = vendor_call(kernel, constants.__getitem__, split)[0]
+        head = vendor_op_of(kernel, split)
         ways.append((split, head, f"{TAIL}{kernel.workload}-"))
     return ways
 
