@@ -7,8 +7,9 @@ compares every run with the first on the kernels both finished.
     python -m experiments.rpc_tuning --zoo squeezenet googlenet --batch 16 --time-budget 200 \\
         --runs 1:8 2:8 --out experiments/results/rpc_tuning_2026-11-26.json
 
-A run is GPUS[:CONCURRENT[:SEEDS]] (kernels tuned at once; tune's --seeds, default its own). The trials per kernel default to tune's: a search yields
-one batch of up to 64 candidates, so fewer trials spend more search per candidate measured. Logs
+A run is GPUS[:CONCURRENT[:SEEDS]] (kernels tuned at once; tune's --seeds, default its own). The trials
+per kernel default to tune's: a search yields one batch of up to 64 candidates, so fewer trials spend
+more search per candidate measured. Logs
 and each run's console output go to --work. Runs accumulate in --out: a later call adds its runs after
 those already there (same setup expected).
 """
@@ -122,7 +123,8 @@ def tune_run(gpus: int, concurrent: int, seeds: int, index: int, args, work: Pat
     run_dir.mkdir(parents=True)
     with Tracker(free_port(), gpus, run_dir) as address:
         argv = [sys.executable, "-m", "tvmsched", "tune", "--zoo", *args.zoo, "--batch", str(args.batch),
-                "--target", args.target, "--trials", str(args.trials), "--concurrent", str(concurrent), "--seeds", str(seeds),
+                "--target", args.target, "--trials", str(args.trials), "--concurrent", str(concurrent),
+                "--seeds", str(seeds),
                 "--time-budget", f"{args.time_budget}s", "--search", args.search, "--rpc", str(address),
                 "--log", str(run_dir / "log")]
         start = time.perf_counter()
@@ -151,7 +153,8 @@ def tune_run(gpus: int, concurrent: int, seeds: int, index: int, args, work: Pat
            "utilization": utilization.summary(),
            "console_tail": console[-600:],
            "kernels": kernels}
-    print(f"  {gpus} GPU(s), {concurrent} at once, {seeds} seeds: {trials} trials in {tuning_s} s of tuning, {wall_s:.0f} s"
+    print(f"  {gpus} GPU(s), {concurrent} at once, {seeds} seeds: {trials} trials in {tuning_s} s of tuning,"
+          f" {wall_s:.0f} s"
           f" wall ({row['trials_per_min_tuning']} a minute of tuning), {len(finished)} kernels finished;"
           f" utilization {row['utilization']}", flush=True)
     return row
@@ -197,8 +200,11 @@ def compare(base: dict, run: dict, trials: int) -> dict:
 
 def run_spec(text: str) -> tuple[int, int, int]:
     """GPUS[:CONCURRENT[:SEEDS]] as numbers, 4 kernels at once and tune's seeds where left out."""
-    numbers = [int(part) for part in text.split(":")]
-    return tuple(numbers + [4, TuneOptions.seeds][len(numbers) - 1:])[:3]
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+        raise SystemExit(f"--runs: '{text}' is not GPUS[:CONCURRENT[:SEEDS]]")
+    numbers = [int(part) for part in parts]
+    return tuple(numbers + [4, TuneOptions.seeds][len(numbers) - 1:])
 
 
 def main() -> int:

@@ -33,6 +33,8 @@ def test_help_lists_commands():
     (["tune", "--target", "llvm"], "name the models to tune"),
     (["tune", "squeezenet", "--time-budget", "soon"], "'soon' is not a duration"),
     (["tune", "squeezenet", "--target", "llvm", "--rpc", "localhost"], "write HOST:PORT:KEY"),
+    (["tune", "squeezenet", "--seed", "7"], "unrecognized arguments: --seed 7"),  # not --seeds: no prefixes
+    (["tune", "squeezenet", "--seeds", "0"], "--seeds: '0' is not an integer >= 1"),
 ])
 def test_errors_are_one_line_with_exit_code_2(args, message):
     result = run_cli(*args)

@@ -250,6 +250,13 @@ def test_a_library_opened_in_the_background_is_the_callers_and_a_failure_is_trie
     monkeypatch.setattr(StandIn, "__init__", opened_later)
     assert isinstance(library.shared_library(StandIn), StandIn) and StandIn.opened == 2
 
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(library, "_SHARED", {})
+    monkeypatch.setattr(library.threading.Thread, "start", no_thread)
+    library.open_in_background(["standin"])  # the first use opens it then, in the caller's thread
+    assert isinstance(library.shared_library(StandIn), StandIn) and threads[-1] is threading.current_thread()
+
 
 def test_a_build_with_tactics_saves_loads_and_refuses_another_version(fake_cuda, standin, model, tmp_path,
                                                                       monkeypatch):

@@ -54,7 +54,11 @@ SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost", "max_group_size"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line and exit code 2."""
+    """argparse that reports a bad flag as one line and exit code 2, and takes flags only in full (`tune
+    --seed 7` is refused, not read as `--seeds 7`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
         console.print(f"[red]error:[/red] {message} (see: {self.prog} --help)")

@@ -125,7 +125,11 @@ def open_in_background(names: Iterable[str]) -> None:
         cls = LIBRARIES.get(name)
         future, mine = _claim((cls, caller)) if cls else (None, False)
         if mine:
-            threading.Thread(target=_open, args=(cls, caller, future), name=f"tvmsched-open-{name}").start()
+            try:
+                threading.Thread(target=_open, args=(cls, caller, future),
+                                 name=f"tvmsched-open-{name}").start()
+            except BaseException as error:  # no thread to be had: the caller's first use opens it
+                _forget(cls, caller, future, error)
 
 
 def _claim(key: tuple) -> tuple[Future, bool]:
@@ -141,9 +145,15 @@ def _open(cls: type[VendorLibrary], thread: int, future: Future) -> None:
     try:
         future.set_result(cls())
     except BaseException as error:  # noqa: BLE001  (handed to whoever waits; the next use tries again)
-        with _LOCK:
-            _SHARED.pop((cls, thread), None)
-        future.set_exception(error)
+        _forget(cls, thread, future, error)
+
+
+def _forget(cls: type[VendorLibrary], thread: int, future: Future, error: BaseException) -> None:
+    """Drop a library whose opening failed, so that the next use opens it again, and hand `error` to whoever
+    waits for it."""
+    with _LOCK:
+        _SHARED.pop((cls, thread), None)
+    future.set_exception(error)
 
 
 def open_library(tactic: Tactic) -> VendorLibrary:
