@@ -588,7 +588,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 _MATCHED: set[tuple] = set()  # files whose digest this process checked: path, identity, times, digest
-HASHED_BYTES = 64 << 20  # read and hashed at a time: few waits for the GIL, which each step releases
+HASHED_BYTES = 16 << 20  # read and hashed at a time: few waits for the GIL, and within the caches
 
 
 def _digest_matches(path: Path, digest: str | None) -> bool:
