@@ -147,6 +147,23 @@ def test_concurrent_calls_give_each_caller_its_own_result(branchy_model):
             np.testing.assert_array_equal(output, expected[index])
 
 
+def test_a_cpu_build_is_ready_when_compiled_or_loaded(branchy_model, tmp_path, monkeypatch):
+    """Its executor is made by compile and load: the first call makes none."""
+    from tvmsched import api
+
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype("float32")
+    compiled = tvmsched.compile(branchy_model, target="llvm", batch=1)
+    loaded = tvmsched.load(compiled.save(tmp_path / "build"))
+
+    def no_executor(*args, **kwargs):
+        raise AssertionError("the first call made an executor")
+    monkeypatch.setattr(api, "create_executor", no_executor)
+    np.testing.assert_array_equal(loaded(x), compiled(x))
+    compiled.close()  # and a later call makes a new one
+    with pytest.raises(AssertionError, match="made an executor"):
+        compiled(x)
+
+
 def test_benchmark_reports_positive_times(branchy_model):
     result = tvmsched.compile(branchy_model, target="llvm", batch=1).benchmark(warmup=1, repeat=3)
     assert 0 < result["min_ms"] <= result["median_ms"] <= result["max_ms"]
@@ -201,13 +218,12 @@ def fake_cuda_model(branchy_model, executor: str) -> tvmsched.CompiledModel:
 @pytest.mark.parametrize("executor", ["streams", "cuda-graph"])
 def test_close_destroys_the_executors_handles_and_the_next_call_makes_a_new_one(branchy_model, fake_cuda,
                                                                                 executor):
-    model = fake_cuda_model(branchy_model, executor)
+    model = fake_cuda_model(branchy_model, executor)  # an llvm build: compile made its executor
     x = np.random.default_rng(7).standard_normal((1, 3, 8, 8)).astype("float32")
-    model.close()  # before any call: there is no executor to close
-    assert not fake_cuda.made
-    model(x)
     made = +fake_cuda.made
     assert made["stream"] > 1 and (made["graph_exec"] == 1) == (executor == "cuda-graph")
+    model(x)
+    assert fake_cuda.made == made  # the call made nothing
     model.close()
     assert fake_cuda.destroyed == made and not fake_cuda.live
     model.close()  # does nothing

@@ -93,6 +93,15 @@ def test_every_wait_is_needed(seed):
                 assert_race_free(graph, broken)
 
 
+def test_a_plan_waiting_for_a_later_launch_is_refused_by_name():
+    graph = random_graph(num_kernels=8, seed=3)
+    plan = make_plan(graph, random_order(graph, 2, seed=3), "random")
+    first, *rest = plan.launches
+    broken = replace(plan, launches=(replace(first, waits=(rest[-1].kernel,)), *rest))
+    with pytest.raises(GraphError, match=f"waiting for kernel {rest[-1].kernel}, which is not launched before"):
+        broken.validate(graph)
+
+
 def test_checkers_catch_a_shared_buffer():
     graph = random_graph(num_kernels=20, seed=2)
     plan = make_plan(graph, random_order(graph, 3, seed=2), "random")

@@ -202,10 +202,20 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         return model.reschedule(schedule, max_streams, executor, cost, **schedule_options)
     model = built(merged)
     if merge != "auto" or not merged.convolutions or not _has_gpu(spec):
-        return model
+        return _ready(model)
     progress("checking the merged model against the unmerged one (each built, scheduled and timed)")
     plain = built(replace(rewrite(relax_module, precision, layout, spec=spec), choices=merged.choices))
-    return whole_model_check(model, plain)
+    return _ready(whole_model_check(model, plain))
+
+
+def _ready(model: CompiledModel) -> CompiledModel:
+    """`model`, its executor made where it runs on the CPU, so that its first call costs what later ones do
+    (the executor was 10-33 ms of a zoo model's first call); a GPU build makes its executor, which holds
+    device memory and a CUDA Graph, on first use."""
+    if model.meta.target.kind == "llvm":
+        with model.exclusive():
+            pass
+    return model
 
 
 def whole_model_check(merged: CompiledModel, plain: CompiledModel) -> CompiledModel:
@@ -302,8 +312,9 @@ def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: CostModel, con
 class CompiledModel:
     """A compiled model: call it with numpy arrays to run one inference on its target's device.
 
-    Calls from several threads are serialized by a lock, since they share the device buffers. The first call
-    makes the executor; `close()` (or leaving a `with` block) releases it, and a later call makes a new one.
+    Calls from several threads are serialized by a lock, since they share the device buffers. `compile` and
+    `load` make a CPU build's executor, a GPU build's first call makes its own; `close()` (or leaving a `with`
+    block) releases it, and a later call makes a new one.
     """
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan, constants: dict[str, np.ndarray],
@@ -522,7 +533,7 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     except Exception as error:  # zipfile, numpy, the weights and TVM each raise their own types
         raise ArtifactError(f"'{directory}' has a corrupt file ({type(error).__name__}: {error}); "
                             f"rebuild it") from error
-    return CompiledModel(library, graph, plan, constants, meta, executor)
+    return _ready(CompiledModel(library, graph, plan, constants, meta, executor))
 
 
 def _check_constant_inputs(directory: Path, meta: ModelMeta, values: dict[str, np.ndarray]) -> None:

@@ -120,6 +120,9 @@ class HappensBefore:
     def append(self, launch: Launch) -> None:
         clock = self.stream_clock(launch.stream)
         for producer in launch.waits:
+            if producer not in self.completed:
+                raise GraphError(f"plan launches kernel {launch.kernel} waiting for kernel {producer}, which "
+                                 f"is not launched before it; rebuild it")
             _merge(clock, self.completed[producer])
         index = self._stream_length.get(launch.stream, 0)
         self.position[launch.kernel] = (launch.stream, index)
