@@ -358,12 +358,12 @@ def test_a_tactic_without_a_split_is_written_as_before():
 
 def test_tuning_reads_what_builds_measured_of_the_vendor_plans(fake_cuda, standin, model, tmp_path):
     cache = tmp_path / "tactics.json"
-    assert select.vendor_latencies(model.graph, "cpu-test", cache) == {}
+    assert select.vendor_latencies([model.graph], "cpu-test", cache) == {}
     choose(model, "auto", cache)
     recognized = {kernel.workload for kernel in model.graph.kernels if kernel.vendor_op is not None}
-    assert select.vendor_latencies(model.graph, "cpu-test", cache) == dict.fromkeys(
+    assert select.vendor_latencies([model.graph], "cpu-test", cache) == dict.fromkeys(
         recognized, 1.0)  # the stand-in's plan, timed at 1 ms
-    assert select.vendor_latencies(model.graph, "another-gpu", cache) == {}
+    assert select.vendor_latencies([model.graph], "another-gpu", cache) == {}
 
 
 class PlanTimes:

@@ -595,7 +595,8 @@ def _tune(args) -> None:
                           population=args.population, generations=args.generations, seeds=args.seeds,
                           cost_model=args.cost_model, rpc=args.rpc, workers=args.workers,
                           concurrent=args.concurrent)
-    modules, vendor_ms = [], {}
+    modules, graphs = [], []
+    vendor_plans = spec.kind == "cuda" and tvm.cuda(0).exist and not args.ignore_vendor_plans
     for name in names:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)
@@ -604,12 +605,9 @@ def _tune(args) -> None:
             lowered = [lower(rewrite(module, args.precision, args.layout, merge, spec=spec).module)
                        for merge in _tuned_merges(args.merge)]
             modules += lowered
-            if spec.kind == "cuda" and tvm.cuda(0).exist and not args.ignore_vendor_plans:
-                # what builds measured of the vendor plans here (`tune` measures none)
-                for part in lowered:
-                    graph, _ = extract(part, [tensor.name for tensor in inputs])
-                    for workload, ms in vendor_latencies(graph, device_name(spec)).items():
-                        vendor_ms[workload] = min(ms, vendor_ms.get(workload, ms))
+            if vendor_plans:  # what builds measured of the vendor plans here (`tune` measures none)
+                graphs += [extract(part, [tensor.name for tensor in inputs])[0] for part in lowered]
+    vendor_ms = vendor_latencies(graphs, device_name(spec)) if graphs else {}
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} "
                "trials"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console) as bar:

@@ -21,7 +21,7 @@ import math
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import tvm
@@ -187,14 +187,15 @@ class _Selector:
             merge_into_cache(self.path, CACHE_SECTION, self.measured)
 
 
-def vendor_latencies(graph: KernelGraph, device_name: str, cache: Path | None = None) -> dict[str, float]:
+def vendor_latencies(graphs: Iterable[KernelGraph], device_name: str,
+                     cache: Path | None = None) -> dict[str, float]:
     """By workload, the fastest time the tactics cache holds of a working vendor plan for a kernel of
-    `graph` (whole, or a split's head with its tail) on `device_name` with the installed libraries: what a
+    `graphs` (whole, or a split's head with its tail) on `device_name` with the installed libraries: what a
     build gets from a library there. It measures nothing: kernels no build has timed are absent."""
     entries = read_cache(cache or cache_path("tactics.json")).get(CACHE_SECTION, {})
     versions = installed()
     found: dict[str, float] = {}
-    for kernel in graph.kernels:
+    for kernel in (kernel for graph in graphs for kernel in graph.kernels):
         if kernel.vendor_op is None:
             continue
         for _, op, marker in _ways(kernel, vendor_op_of(kernel)):
