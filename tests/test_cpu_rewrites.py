@@ -94,3 +94,25 @@ def test_cpu_weights_are_stored_output_channel_last(layout):
     x = np.random.default_rng(25).standard_normal((1, 32, 9, 9)).astype("float32")
     model = tvmsched.compile(proto, target="llvm", layout=layout)
     np.testing.assert_allclose(model(x), onnxruntime_outputs(proto, {"input": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_weights_reversed_by_a_transpose_without_axes_are_stored_output_channel_last():
+    """A constant transposed with no axes (reversed, as numpy's transpose()) is packed like any other: the
+    convolution takes the reversed values stored IHWO."""
+    from tvm import relax
+
+    from tvmsched.packed_weights import weights_packed
+
+    weights = np.random.default_rng(30).standard_normal((3, 3, 32, 16)).astype("float32")  # reversed OIHW
+    builder = relax.BlockBuilder()
+    data = relax.Var("x", relax.TensorType((1, 32, 9, 9), "float32"))
+    with builder.function("main", [data]):
+        with builder.dataflow():
+            oihw = builder.emit(relax.op.permute_dims(relax.const(weights)))
+            output = builder.emit_output(relax.op.nn.conv2d(data, oihw, padding=1))
+        builder.emit_func_output(output)
+    packed = weights_packed(builder.get())
+    [conv] = [binding.value for block in packed["main"].body.blocks for binding in block.bindings
+              if getattr(getattr(binding.value, "op", None), "name", "") == "relax.nn.conv2d"]
+    assert str(conv.attrs.kernel_layout) == "IHWO"
+    np.testing.assert_array_equal(conv.args[1].value.numpy(), weights.transpose().transpose(1, 2, 3, 0))
