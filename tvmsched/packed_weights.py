@@ -51,7 +51,9 @@ class _ChannelLast(relax.PyExprMutator):
         bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
         if is_op(bound, "relax.permute_dims"):  # axes None: reversed, as numpy's transpose()
             value, axes = self._constant(bound.args[0]), bound.attrs.axes
-            return None if value is None else value.transpose(None if axes is None else [int(a) for a in axes])
+            if value is None:
+                return None
+            return value.transpose(None if axes is None else [int(axis) for axis in axes])
         if is_op(bound, "relax.astype"):
             value = self._constant(bound.args[0])
             return None if value is None else value.astype(str(bound.attrs.dtype))
