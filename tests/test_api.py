@@ -162,6 +162,10 @@ def test_a_cpu_build_is_ready_when_compiled_or_loaded(branchy_model, tmp_path, m
     compiled.close()  # and a later call makes a new one
     with pytest.raises(AssertionError, match="made an executor"):
         compiled(x)
+    monkeypatch.undo()
+    # another executor by name stays lazy: one that needs a GPU fails at a call, not in a build that saves it
+    streams = tvmsched.compile(branchy_model, target="llvm", batch=1, executor="streams")
+    assert streams.save(tmp_path / "streams").is_dir() and streams._executor is None
 
 
 def test_benchmark_reports_positive_times(branchy_model):
@@ -218,12 +222,13 @@ def fake_cuda_model(branchy_model, executor: str) -> tvmsched.CompiledModel:
 @pytest.mark.parametrize("executor", ["streams", "cuda-graph"])
 def test_close_destroys_the_executors_handles_and_the_next_call_makes_a_new_one(branchy_model, fake_cuda,
                                                                                 executor):
-    model = fake_cuda_model(branchy_model, executor)  # an llvm build: compile made its executor
+    model = fake_cuda_model(branchy_model, executor)
     x = np.random.default_rng(7).standard_normal((1, 3, 8, 8)).astype("float32")
+    model.close()  # before any call: there is no executor to close (one chosen by name is made at a call)
+    assert not fake_cuda.made
+    model(x)
     made = +fake_cuda.made
     assert made["stream"] > 1 and (made["graph_exec"] == 1) == (executor == "cuda-graph")
-    model(x)
-    assert fake_cuda.made == made  # the call made nothing
     model.close()
     assert fake_cuda.destroyed == made and not fake_cuda.live
     model.close()  # does nothing

@@ -98,7 +98,7 @@ def test_a_plan_waiting_for_a_later_launch_is_refused_by_name():
     plan = make_plan(graph, random_order(graph, 2, seed=3), "random")
     first, *rest = plan.launches
     broken = replace(plan, launches=(replace(first, waits=(rest[-1].kernel,)), *rest))
-    with pytest.raises(GraphError, match=f"waiting for kernel {rest[-1].kernel}, which is not launched before"):
+    with pytest.raises(GraphError, match=f"waiting for kernel {rest[-1].kernel}, which is not launched"):
         broken.validate(graph)
 
 

@@ -209,10 +209,11 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
 
 
 def _ready(model: CompiledModel) -> CompiledModel:
-    """`model`, its executor made where it runs on the CPU, so that its first call costs what later ones do
-    (the executor was 10-33 ms of a zoo model's first call); a GPU build makes its executor, which holds
-    device memory and a CUDA Graph, on first use."""
-    if model.meta.target.kind == "llvm":
+    """`model`, its executor made where it runs on the CPU by the CPU's executor, so that its first call
+    costs about what later ones do (nasnet's executor: 33 ms); a GPU build makes its executor, which holds
+    device memory and a CUDA Graph, on first use, and so does a CPU build given another executor (one that
+    needs a GPU fails there, not in a build that only saves it)."""
+    if model.meta.target.kind == "llvm" and model.executor_name == default_executor(model.meta.target):
         with model.exclusive():
             pass
     return model
@@ -313,7 +314,8 @@ class CompiledModel:
     """A compiled model: call it with numpy arrays to run one inference on its target's device.
 
     Calls from several threads are serialized by a lock, since they share the device buffers. `compile` and
-    `load` make a CPU build's executor, a GPU build's first call makes its own; `close()` (or leaving a `with`
+    `load` make a CPU build's executor (also where it is then only saved or rescheduled: one copy of the
+    weights, tens of milliseconds), a GPU build's first call makes its own; `close()` (or leaving a `with`
     block) releases it, and a later call makes a new one.
     """
 
