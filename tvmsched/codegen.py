@@ -29,6 +29,7 @@ from tvm.s_tir import dlight
 
 from tvmsched import cpu_schedules, gpu_schedules
 from tvmsched.errors import GraphError
+from tvmsched.shared_memory import built_retrying_merged
 from tvmsched.target import TargetSpec, host_cores
 from tvmsched.windows import is_window_kernel
 
@@ -139,7 +140,7 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
             {kernels.get_global_var(symbol): choice.function for symbol, choice in choices.items()},
             attrs=kernels.attrs))
         try:
-            executable = _cached_compile(module, spec)
+            executable = built_retrying_merged(lambda: _cached_compile(module, spec), spec.kind)  # noqa: B023
             break
         except Exception as error:  # noqa: BLE001  (TVM's passes raise many types; found per kernel below)
             failing = {symbol: failure for symbol in choices
@@ -235,8 +236,9 @@ def _compile_in_parts(module: tvm.IRModule, spec: TargetSpec, count: int) -> tvm
 
 def _compile_error(module: tvm.IRModule, symbol: str, spec: TargetSpec) -> str | None:
     """Why the kernel `symbol` of `module` does not compile on its own, or None where it does."""
+    alone = tvm.IRModule({module.get_global_var(symbol): module[symbol]})
     try:
-        tvm.compile(tvm.IRModule({module.get_global_var(symbol): module[symbol]}), target=spec.tvm_target)
+        built_retrying_merged(lambda: tvm.compile(alone, target=spec.tvm_target), spec.kind)
     except Exception as error:  # noqa: BLE001
         return f"{type(error).__name__}: {_first_line(error)}"
     return None

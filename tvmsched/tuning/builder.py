@@ -22,11 +22,15 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 
 def build_kernel(mod, target):
-    """MetaSchedule's default build without `import tvm.s_tir.tensor_intrin`."""
+    """MetaSchedule's default build without `import tvm.s_tir.tensor_intrin`, built again where TVM's
+    shared-memory planning refuses it (`tvmsched.shared_memory`), as model builds do."""
     from tvm.driver import build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    from tvmsched.shared_memory import built_retrying_merged
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return built_retrying_merged(lambda: build(mod, target=target), target.kind.name)
 
 
 def build_and_export(mod, target) -> str:

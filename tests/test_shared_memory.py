@@ -1,0 +1,69 @@
+"""CUDA builds refused by TVM's shared-memory planning are built again with static shared allocations
+merged (`tvmsched.shared_memory`): the rule itself, and on MetaSchedule's fp16 tensor-core candidates for
+the H100, compiled here without a GPU."""
+
+import pytest
+import tvm
+
+from tvmsched.shared_memory import MERGED, REFUSED, built_retrying_merged
+
+
+def test_only_a_cuda_build_refused_so_is_built_again_with_merged_shared_memory():
+    configs = []
+
+    def build():
+        configs.append(dict(tvm.transform.PassContext.current().config))
+        if len(configs) == 1:
+            raise RuntimeError(f"Check failed: ... : {REFUSED} the source buffer")
+        return "built"
+
+    with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
+        assert built_retrying_merged(build, "cuda") == "built"
+    assert configs[1] == {"tirx.disable_vectorize": True, **MERGED} and not configs[0].get(
+        "tirx.merge_static_smem")
+    for kind, message in (("llvm", REFUSED), ("cuda", "another error")):  # raised as they are, once
+        calls = []
+
+        def fails(message=message):
+            calls.append(message)
+            raise RuntimeError(message)
+        with pytest.raises(RuntimeError, match=message):
+            built_retrying_merged(fails, kind)
+        assert len(calls) == 1
+
+
+def test_fp16_tensor_core_candidates_that_tvm_refuses_build_with_merged_shared_memory():
+    from tvm.s_tir import meta_schedule as ms
+
+    from experiments.tensorcore_candidates import convolution
+    from tvmsched import frontend
+    from tvmsched.lower import lower
+    from tvmsched.rewrite import rewrite
+    from tvmsched.target import resolve_target
+    from tvmsched.tuning.builder import build_kernel
+    from tvmsched.tuning.intrinsics import import_tensor_intrinsics
+    from tvmsched.tuning.tune import _anonymous
+
+    spec = resolve_target("nvidia/nvidia-h100")
+    proto = convolution(128, 192, 14, seed=1)
+    module = lower(rewrite(frontend.to_relax(proto, frontend.bind_input_shapes(proto)), "fp16", "nhwc",
+                           spec=spec).module).module
+    [task] = [_anonymous(task) for task in ms.relax_integration.extract_tasks(module, spec.tvm_target)
+              if "conv" in task.task_name]
+    import_tensor_intrinsics()
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=64, genetic_num_iters=1,
+                                                     init_min_unmeasured=4)
+    context = ms.relax_integration.extracted_tasks_to_tune_contexts([task], "/tmp/test_shared_memory",
+                                                                    strategy=strategy, seed=1)[0][0]
+    context.search_strategy.pre_tuning(4, 4, context.space_generator.generate_design_space(context.mod),
+                                       ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
+    refused = []
+    for candidate in context.search_strategy.generate_measure_candidates():
+        try:
+            tvm.compile(candidate.sch.mod, target=spec.tvm_target)
+        except Exception as error:  # noqa: BLE001
+            if REFUSED in str(error):
+                refused.append(candidate)
+    assert refused  # as TVM builds them
+    for candidate in refused:
+        assert build_kernel(candidate.sch.mod, spec.tvm_target).imports  # the CUDA module
