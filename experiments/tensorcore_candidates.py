@@ -1,8 +1,9 @@
 """Why most fp16 tensor-core candidates fail to build for the H100 (issue 26), without a GPU: a float16
 NHWC convolution (+ bias + relu, as the fp16 and NHWC rewrites leave it) is lowered for the H100 target,
 MetaSchedule's evolutionary search samples candidates from its design space (random cost model), and each
-is built with tune's own builder (CUDA code generation and NVRTC, no device needed), under TVM's default
-pass configuration and under each `--config KEY=true` given. Writes each build's outcome by error, and by
+is built as TVM builds it (CUDA code generation and NVRTC, no device needed; not tune's builder, which
+builds a refused candidate again with merged shared memory), under TVM's default pass configuration and
+under each `--config KEY=true` given. Writes each build's outcome by error, and by
 the tensor intrinsics the candidate uses.
 
     python -m experiments.tensorcore_candidates --candidates 64 --config tirx.merge_static_smem=true \
@@ -26,7 +27,6 @@ from tvmsched import frontend
 from tvmsched.lower import lower
 from tvmsched.rewrite import rewrite
 from tvmsched.target import resolve_target
-from tvmsched.tuning.builder import build_kernel
 from tvmsched.tuning.intrinsics import import_tensor_intrinsics
 from tvmsched.tuning.tune import _anonymous
 
@@ -67,7 +67,7 @@ def main() -> None:
                                                                     strategy=strategy, seed=args.seed)[0][0]
     context.search_strategy.pre_tuning(args.candidates, args.candidates,
                                        context.space_generator.generate_design_space(context.mod),
-                                       ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
+                                       ms.database.MemoryDatabase(), ms.cost_model.RandomModel(seed=args.seed))
     candidates = context.search_strategy.generate_measure_candidates()
     configs = {"default": {}, **{text: {text.split("=")[0]: text.split("=")[1].lower() == "true"}
                                   for text in args.config}}
@@ -96,7 +96,7 @@ def _built(mod, target, config: dict) -> str:
     """"built", or which of ERRORS (else "other") the build under pass configuration `config` failed with."""
     try:
         with tvm.transform.PassContext(config=config):
-            build_kernel(mod, target)
+            tvm.compile(mod, target=target)
         return "built"
     except Exception as error:  # noqa: BLE001  (TVM raises its own error types)
         return next((name for text, name in ERRORS.items() if text in str(error)), "other")

@@ -1,6 +1,6 @@
 """CUDA builds refused by TVM's shared-memory planning are built again with static shared allocations
 merged (`tvmsched.shared_memory`): the rule itself, and on MetaSchedule's fp16 tensor-core candidates for
-the H100, compiled here without a GPU."""
+the H100, compiled here without a GPU, in tune's builder and in a model's library."""
 
 import pytest
 import tvm
@@ -32,7 +32,10 @@ def test_only_a_cuda_build_refused_so_is_built_again_with_merged_shared_memory()
         assert len(calls) == 1
 
 
-def test_fp16_tensor_core_candidates_that_tvm_refuses_build_with_merged_shared_memory():
+@pytest.fixture(scope="module")
+def refused():
+    """An fp16 NHWC convolution lowered for the H100, its MetaSchedule task, and the candidates of a
+    seeded search that TVM refuses to build as it builds them."""
     from tvm.s_tir import meta_schedule as ms
 
     from experiments.tensorcore_candidates import convolution
@@ -40,15 +43,14 @@ def test_fp16_tensor_core_candidates_that_tvm_refuses_build_with_merged_shared_m
     from tvmsched.lower import lower
     from tvmsched.rewrite import rewrite
     from tvmsched.target import resolve_target
-    from tvmsched.tuning.builder import build_kernel
     from tvmsched.tuning.intrinsics import import_tensor_intrinsics
     from tvmsched.tuning.tune import _anonymous
 
     spec = resolve_target("nvidia/nvidia-h100")
     proto = convolution(128, 192, 14, seed=1)
-    module = lower(rewrite(frontend.to_relax(proto, frontend.bind_input_shapes(proto)), "fp16", "nhwc",
-                           spec=spec).module).module
-    [task] = [_anonymous(task) for task in ms.relax_integration.extract_tasks(module, spec.tvm_target)
+    lowered = lower(rewrite(frontend.to_relax(proto, frontend.bind_input_shapes(proto)), "fp16", "nhwc",
+                            spec=spec).module)
+    [task] = [_anonymous(task) for task in ms.relax_integration.extract_tasks(lowered.module, spec.tvm_target)
               if "conv" in task.task_name]
     import_tensor_intrinsics()
     strategy = ms.search_strategy.EvolutionarySearch(population_size=64, genetic_num_iters=1,
@@ -56,14 +58,37 @@ def test_fp16_tensor_core_candidates_that_tvm_refuses_build_with_merged_shared_m
     context = ms.relax_integration.extracted_tasks_to_tune_contexts([task], "/tmp/test_shared_memory",
                                                                     strategy=strategy, seed=1)[0][0]
     context.search_strategy.pre_tuning(4, 4, context.space_generator.generate_design_space(context.mod),
-                                       ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
-    refused = []
+                                       ms.database.MemoryDatabase(), ms.cost_model.RandomModel(seed=1))
+    candidates = []
     for candidate in context.search_strategy.generate_measure_candidates():
         try:
             tvm.compile(candidate.sch.mod, target=spec.tvm_target)
         except Exception as error:  # noqa: BLE001
             if REFUSED in str(error):
-                refused.append(candidate)
-    assert refused  # as TVM builds them
-    for candidate in refused:
+                candidates.append(candidate)
+    assert candidates  # as TVM builds them
+    return spec, lowered, task, candidates
+
+
+def test_tune_builds_the_candidates_tvm_refuses(refused):
+    from tvmsched.tuning.builder import build_kernel
+
+    spec, _, _, candidates = refused
+    for candidate in candidates:
         assert build_kernel(candidate.sch.mod, spec.tvm_target).imports  # the CUDA module
+
+
+def test_a_model_library_applies_a_record_tvm_refuses_instead_of_falling_back(refused):
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmsched.codegen import build_library
+    from tvmsched.lower import kernel_module
+
+    spec, lowered, task, [candidate, *_] = refused
+    database = ms.database.MemoryDatabase()
+    workload = database.commit_workload(task.dispatched[0])
+    database.commit_tuning_record(ms.database.TuningRecord(
+        candidate.sch.trace, workload, [1e-5], spec.tvm_target,
+        ms.arg_info.ArgInfo.from_prim_func(task.dispatched[0]["main"])))
+    library = build_library(kernel_module(lowered), spec, database)
+    assert library.tuned and not library.fallbacks
