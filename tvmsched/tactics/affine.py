@@ -36,7 +36,7 @@ def fold_affine(vendor_op: VendorOp, constants: dict[int, np.ndarray],
         return None
     op, folded = folding
     anchor = vendor_op.anchor
-    axis = 3 if anchor.layout == "NHWC" else 1
+    axis = anchor.channel_axis
     scale, shift = np.ones(anchor.out_shape[axis]), np.zeros(anchor.out_shape[axis])
     for step in vendor_op.epilogue[:folded]:
         if step.kind == "cast":
@@ -63,7 +63,7 @@ def _folding(vendor_op: VendorOp, shapes: dict[int, tuple[int, ...]],
     anchor = vendor_op.anchor
     if not isinstance(anchor, Conv2d) or vendor_op.weight not in shapes:
         return None
-    axis = 3 if anchor.layout == "NHWC" else 1
+    axis = anchor.channel_axis
     folded = 0
     for op in vendor_op.epilogue:
         if op.kind == "cast" and op.dtype in FLOATS:

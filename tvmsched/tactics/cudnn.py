@@ -81,7 +81,7 @@ class CudnnLibrary(VendorLibrary):
 
     def _zeros(self, anchor: Conv2d, device):
         """A zero bias for the anchor's output channels on `device` (kept for the library's lifetime)."""
-        channels = anchor.out_shape[3 if anchor.layout == "NHWC" else 1]
+        channels = anchor.out_shape[anchor.channel_axis]
         key = (channels, anchor.accumulate_dtype, str(device))
         if key not in self.zeros:
             self.zeros[key] = tvm.runtime.tensor(np.zeros(channels, anchor.accumulate_dtype), device)

@@ -110,9 +110,10 @@ def shared_library(cls: type[VendorLibrary]) -> VendorLibrary:
     """This thread's instance of library `cls`, opened on first use (or by `open_in_background`, waited
     for). An executor keeps the instance of the thread that made it, so a library's launchers may run on
     several threads at once. A library that failed to open is tried again on the next use."""
-    future, mine = _claim((cls, threading.get_ident()))
+    thread = threading.get_ident()
+    future, mine = _claim((cls, thread))
     if mine:
-        _open(cls, threading.get_ident(), future)
+        _open(cls, thread, future)
     return future.result()
 
 

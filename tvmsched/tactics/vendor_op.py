@@ -30,6 +30,11 @@ class Conv2d:
     dtype: str
     accumulate_dtype: str
 
+    @property
+    def channel_axis(self) -> int:
+        """The output's (and a per-channel epilogue operand's) channel axis."""
+        return 3 if self.layout == "NHWC" else 1
+
 
 @dataclass(frozen=True)
 class Matmul:

@@ -408,7 +408,8 @@ def _strategy(options: TuneOptions, patient: bool = False):
         return options.search
     sampling = {"init_min_unmeasured": options.seeds}
     if patient:
-        sampling = {**PATIENT_SAMPLING, "init_min_unmeasured": min(options.seeds, 8)}
+        sampling = {**PATIENT_SAMPLING,
+                    "init_min_unmeasured": min(options.seeds, PATIENT_SAMPLING["init_min_unmeasured"])}
     return ms.search_strategy.EvolutionarySearch(population_size=options.population,
                                                  genetic_num_iters=options.generations, **sampling)
 
