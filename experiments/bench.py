@@ -204,7 +204,8 @@ def _relax_vm_ms(proto, args, precision: str) -> float:
     spec = resolve_target(args.target)
     inputs = frontend.bind_input_shapes(proto)
     merge = "all" if args.merge == "all" else "off"  # "auto"'s choice needs tvmsched's build
-    lowered = lower(rewrite(frontend.to_relax(proto, inputs), precision, args.layout, merge, spec=spec).module)
+    imported = frontend.to_relax(proto, inputs)
+    lowered = lower(rewrite(imported, precision, args.layout, merge, spec=spec).module)
     module = tvm.IRModule(dict(lowered.module.functions), attrs=lowered.module.attrs)
     graph, _ = extract(lowered, [item.name for item in inputs])
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}

@@ -30,8 +30,8 @@ from tvmsched.target import resolve_target
 from tvmsched.tuning.intrinsics import import_tensor_intrinsics
 from tvmsched.tuning.tune import _anonymous
 
-ERRORS = {"tvm_access_ptr element type must match": "access_ptr dtype", "even number of lanes": "odd half lanes",
-          "eval_vec_": "eval_vec_"}
+ERRORS = {"tvm_access_ptr element type must match": "access_ptr dtype",
+          "even number of lanes": "odd half lanes", "eval_vec_": "eval_vec_"}
 
 
 def convolution(channels_in: int, channels_out: int, size: int, seed: int):
@@ -39,7 +39,8 @@ def convolution(channels_in: int, channels_out: int, size: int, seed: int):
     weights = [numpy_helper.from_array((rng.standard_normal((channels_out, channels_in, 3, 3)) / 10)
                                        .astype("float32"), "w"),
                numpy_helper.from_array(rng.standard_normal(channels_out).astype("float32"), "b")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4), helper.make_node("Relu", ["c"], ["y"])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4),
+             helper.make_node("Relu", ["c"], ["y"])]
     graph = helper.make_graph(
         nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels_in, size, size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels_out, size, size])], weights)
@@ -67,7 +68,8 @@ def main() -> None:
                                                                     strategy=strategy, seed=args.seed)[0][0]
     context.search_strategy.pre_tuning(args.candidates, args.candidates,
                                        context.space_generator.generate_design_space(context.mod),
-                                       ms.database.MemoryDatabase(), ms.cost_model.RandomModel(seed=args.seed))
+                                       ms.database.MemoryDatabase(),
+                                       ms.cost_model.RandomModel(seed=args.seed))
     candidates = context.search_strategy.generate_measure_candidates()
     configs = {"default": {}, **{text: {text.split("=")[0]: text.split("=")[1].lower() == "true"}
                                   for text in args.config}}
@@ -81,11 +83,14 @@ def main() -> None:
             outcomes[name][outcome] += 1
             if name == "default":
                 by_intrinsics[f"{intrinsics} -> {outcome}"] += 1
-    result = {"experiment": "fp16 tensor-core candidates of MetaSchedule's search built for the H100 without a GPU",
-              "device": "none: code generation and NVRTC on the CPU", "date": now()[:10], "tvm": tvm.__version__,
+    result = {"experiment": "fp16 tensor-core candidates of MetaSchedule's search built for the H100 "
+                            "without a GPU",
+              "device": "none: code generation and NVRTC on the CPU", "date": now()[:10],
+              "tvm": tvm.__version__,
               "command": command("experiments.tensorcore_candidates"), "kernel": task.task_name,
               "shape": {"in_channels": args.shape[0], "out_channels": args.shape[1], "size": args.shape[2]},
-              "candidates": len(candidates), "outcomes": {name: dict(counts) for name, counts in outcomes.items()},
+              "candidates": len(candidates),
+              "outcomes": {name: dict(counts) for name, counts in outcomes.items()},
               "by_intrinsics_default": dict(by_intrinsics)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

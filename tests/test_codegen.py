@@ -113,7 +113,8 @@ def test_a_failing_dlight_rule_falls_back_to_the_next_and_is_named(monkeypatch):
 
     from tvmsched import codegen
 
-    assert tvmsched.compile(_squeeze_excite_model(), target="nvidia/nvidia-h100", tuned=False).meta.fallbacks == ()
+    built = tvmsched.compile(_squeeze_excite_model(), target="nvidia/nvidia-h100", tuned=False)
+    assert built.meta.fallbacks == ()
     monkeypatch.setattr(dlight.gpu, "Raising", _Raising, raising=False)
     monkeypatch.setattr(codegen, "GPU_RULES", ("Raising", "Fallback"))
     model = tvmsched.compile(_squeeze_excite_model(), target="nvidia/nvidia-h100", tuned=False)

@@ -30,7 +30,8 @@ def _convolution(channels: int, epilogue: str, groups: int = 1):
     else:
         nodes.append(helper.make_node("Relu", ["c"], ["r"]))
     nodes.append(helper.make_node("GlobalAveragePool", ["r"], ["output"]))
-    return make_model(nodes, [tensor("input", [1, 32, 9, 9])], [tensor("output", [1, channels, 1, 1])], weights)
+    return make_model(nodes, [tensor("input", [1, 32, 9, 9])], [tensor("output", [1, channels, 1, 1])],
+                      weights)
 
 
 def _padded(model) -> bool:
@@ -61,8 +62,8 @@ def test_a_constant_data_input_keeps_its_batch():
              helper.make_node("Add", ["c", "input"], ["output"])]
     proto = make_model(nodes, [tensor("input", [1, 100, 9, 9])], [tensor("output", [1, 100, 9, 9])], weights)
     x = rng.standard_normal((1, 100, 9, 9)).astype("float32")
-    np.testing.assert_allclose(tvmsched.compile(proto, target="llvm")(x), onnxruntime_outputs(proto, {"input": x})[0],
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(tvmsched.compile(proto, target="llvm")(x),
+                               onnxruntime_outputs(proto, {"input": x})[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("channels, groups, target", [

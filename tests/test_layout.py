@@ -57,7 +57,7 @@ def convnext_block(blocks: int = 1):
         weights["stem"] = rng.standard_normal((c, c, 1, 1)).astype("float32") / 3
         nodes, x = [helper.make_node("Conv", ["input", "stem"], ["stemmed"])], "stemmed"
     for block in range(blocks):
-        def name(base: str) -> str:
+        def name(base: str, block: int = block) -> str:
             return f"{base}{block}"
         weights |= {name("dw"): rng.standard_normal((c, 1, 7, 7)).astype("float32") / 7,
                     name("db"): rng.standard_normal(c).astype("float32"), name("g"): np.ones(c, "float32"),
@@ -67,10 +67,11 @@ def convnext_block(blocks: int = 1):
                     name("w2"): rng.standard_normal((4 * c, c)).astype("float32") / 6,
                     name("b2"): rng.standard_normal(c).astype("float32"),
                     name("scale"): rng.uniform(0.5, 1.5, (c, 1, 1)).astype("float32")}
-        nodes += [helper.make_node("Conv", [x, name("dw"), name("db")], [name("c")], group=c, pads=[3, 3, 3, 3]),
+        nodes += [helper.make_node("Conv", [x, name("dw"), name("db")], [name("c")], group=c,
+                                   pads=[3, 3, 3, 3]),
                   helper.make_node("Transpose", [name("c")], [name("t")], perm=[0, 2, 3, 1]),
-                  helper.make_node("LayerNormalization", [name("t"), name("g"), name("b")], [name("n")], axis=-1,
-                                   epsilon=1e-6),
+                  helper.make_node("LayerNormalization", [name("t"), name("g"), name("b")], [name("n")],
+                                   axis=-1, epsilon=1e-6),
                   helper.make_node("MatMul", [name("n"), name("w1")], [name("m1")]),
                   helper.make_node("Add", [name("m1"), name("b1")], [name("a1")]),
                   helper.make_node("Relu", [name("a1")], [name("r")]),
@@ -116,7 +117,8 @@ def test_a_transpose_is_not_moved_where_that_transposes_more():
     transpose past the relu would leave two transposes for one, so it stays."""
     nodes = [helper.make_node("Transpose", ["input"], ["t"], perm=[0, 2, 3, 1]),
              helper.make_node("Softmax", ["t"], ["s1"], axis=-1), helper.make_node("Relu", ["t"], ["r"]),
-             helper.make_node("Softmax", ["r"], ["s2"], axis=-1), helper.make_node("Add", ["s1", "s2"], ["y"])]
+             helper.make_node("Softmax", ["r"], ["s2"], axis=-1),
+             helper.make_node("Add", ["s1", "s2"], ["y"])]
     proto = make_model(nodes, [tensor("input", [2, 3, 4, 5])], [tensor("y", [2, 4, 5, 3])], {})
     x = np.random.default_rng(10).standard_normal((2, 3, 4, 5)).astype("float32")
     model = tvmsched.compile(proto, target="llvm", layout="nhwc")
@@ -130,9 +132,11 @@ def test_a_transpose_of_a_split_output_counts_as_transposing():
     three ops it would be three transposes of 192 elements for one of 16 saved, so nothing moves."""
     nodes = [helper.make_node("Split", ["input", "sizes"], ["s0", "s1"], axis=0),
              helper.make_node("Transpose", ["s0"], ["t"], perm=[0, 2, 3, 1]),
-             *[helper.make_node(op, ["t"], [f"y{index}"]) for index, op in enumerate(("Relu", "Sigmoid", "Abs"))],
+             *[helper.make_node(op, ["t"], [f"y{index}"])
+               for index, op in enumerate(("Relu", "Sigmoid", "Abs"))],
              helper.make_node("Transpose", ["small"], ["u"], perm=[0, 2, 3, 1]),
-             helper.make_node("Relu", ["u"], ["r"]), helper.make_node("Transpose", ["r"], ["y3"], perm=[0, 3, 1, 2])]
+             helper.make_node("Relu", ["u"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y3"], perm=[0, 3, 1, 2])]
     outputs = [tensor(f"y{index}", [1, 8, 4, 6]) for index in range(3)] + [tensor("y3", [1, 2, 2, 4])]
     proto = make_model(nodes, [tensor("input", [2, 6, 8, 4]), tensor("small", [1, 2, 2, 4])], outputs,
                        {"sizes": np.array([1, 1])})

@@ -15,7 +15,8 @@ from tvmsched.target import resolve_target
 
 def _layer_norm(shape, dtype="float32"):
     data = te.placeholder(shape, dtype, name="data")
-    gamma, beta = te.placeholder(shape[-1:], dtype, name="gamma"), te.placeholder(shape[-1:], dtype, name="beta")
+    gamma = te.placeholder(shape[-1:], dtype, name="gamma")
+    beta = te.placeholder(shape[-1:], dtype, name="beta")
     return te.create_prim_func([data, gamma, beta, topi.nn.layer_norm(data, gamma, beta, axis=[-1])])
 
 
@@ -46,7 +47,8 @@ def test_short_rows_take_a_warp_each(function, rule, warps):
         assert re.search(r"(T\.grid\(1(, 1)*\)|range\(1\)):\n +for \w+ in T.thread_binding\(32", script)
 
 
-@pytest.mark.parametrize("function", [_layer_norm((3, 5, 96)), _softmax((2, 3, 7, 45)), _layer_norm((16, 20))])
+@pytest.mark.parametrize("function", [_layer_norm((3, 5, 96)), _softmax((2, 3, 7, 45)),
+                                      _layer_norm((16, 20))])
 def test_the_rows_rule_computes_what_the_kernel_computes(function):
     """Its loops, without the thread bindings, on the CPU with bound checks, against the kernel as TVM
     wrote it: rows that do not fill the last block, and rows of fewer or more elements than a warp."""

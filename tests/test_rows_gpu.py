@@ -14,11 +14,14 @@ pytestmark = pytest.mark.gpu
 
 def rows():
     rng = np.random.default_rng(20)
-    weights = {"g": rng.uniform(0.5, 1.5, 96).astype("float32"), "b": rng.standard_normal(96).astype("float32"),
+    weights = {"g": rng.uniform(0.5, 1.5, 96).astype("float32"),
+               "b": rng.standard_normal(96).astype("float32"),
                "w": rng.standard_normal((96, 197)).astype("float32") / 10}
     nodes = [helper.make_node("LayerNormalization", ["input", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
-             helper.make_node("MatMul", ["n", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["output"], axis=-1)]
-    return make_model(nodes, [tensor("input", [4, 28, 28, 96])], [tensor("output", [4, 28, 28, 197])], weights)
+             helper.make_node("MatMul", ["n", "w"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["output"], axis=-1)]
+    return make_model(nodes, [tensor("input", [4, 28, 28, 96])], [tensor("output", [4, 28, 28, 197])],
+                      weights)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -24,7 +24,7 @@ def test_only_a_cuda_build_refused_so_is_built_again_with_merged_shared_memory()
     for kind, message in (("llvm", REFUSED), ("cuda", "another error")):  # raised as they are, once
         calls = []
 
-        def fails(message=message):
+        def fails(message=message, calls=calls):
             calls.append(message)
             raise RuntimeError(message)
         with pytest.raises(RuntimeError, match=message):

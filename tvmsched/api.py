@@ -254,8 +254,8 @@ def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSp
     module = kernel_module(lowered)
     if tail.wanted(kernels, spec):
         module = tail.with_tails(module, graph)
-    keys = {database_key(tvm.IRModule({"main": anonymous(function)})) for function in module.functions.values()
-            if isinstance(function, tvm.tirx.PrimFunc)}
+    keys = {database_key(tvm.IRModule({"main": anonymous(function)}))
+            for function in module.functions.values() if isinstance(function, tvm.tirx.PrimFunc)}
     with applied(logs, workloads, keys) as (database, keep_default, used):
         built = build_library(module, spec, database, keep_default)
     return built, graph.with_workspace(built.workspace), used

@@ -33,7 +33,8 @@ from tvmsched.shared_memory import built_retrying_merged
 from tvmsched.target import TargetSpec, host_cores
 from tvmsched.windows import is_window_kernel
 
-GPU_RULES = ("Matmul", "GEMV", "Reduction", "rows", "GeneralReduction", "Fallback")  # dlight's and ours, in order
+# dlight's and ours, in the order tried
+GPU_RULES = ("Matmul", "GEMV", "Reduction", "rows", "GeneralReduction", "Fallback")
 KERNELS_PER_PART = 8  # fewer kernels than this per part compile in fewer parts: a thread costs more
 CACHED_LIBRARIES = 32
 _compiled: OrderedDict[str, tuple[tvm.IRModule, tvm.runtime.Executable]] = OrderedDict()

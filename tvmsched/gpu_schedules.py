@@ -140,8 +140,10 @@ def _read_by_rows(sch: s_tir.Schedule, infos, spatial: int) -> bool:
         rows = [iter_var.var for iter_var in block.iter_vars[:spatial]]
         for read in block.reads:
             if any(read.source.same_as(buffer) for buffer in buffers):
-                indices = [extent.min for extent in read.region if not isinstance(extent.min, tvm.tirx.IntImm)]
-                if len(indices) != len(rows) or not all(index.same_as(row) for index, row in zip(indices, rows)):
+                indices = [extent.min for extent in read.region
+                           if not isinstance(extent.min, tvm.tirx.IntImm)]
+                if len(indices) != len(rows) or not all(index.same_as(row)
+                                                        for index, row in zip(indices, rows)):
                     return False
     return True
 

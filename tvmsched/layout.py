@@ -57,8 +57,10 @@ def _transposes_sunk(module: tvm.IRModule) -> tvm.IRModule:
 
 
 def _rewritten(module: tvm.IRModule, mutator) -> tvm.IRModule:
-    return tvm.transform.Sequential([relax.transform.CanonicalizeBindings(), relax.transform.EliminateCommonSubexpr(),
-                                     relax.transform.DeadCodeElimination()])(with_main_mutated(module, mutator(module)))
+    tidy = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
+                                     relax.transform.EliminateCommonSubexpr(),
+                                     relax.transform.DeadCodeElimination()])
+    return tidy(with_main_mutated(module, mutator(module)))
 
 
 def _transposed(module: tvm.IRModule) -> int:
@@ -96,7 +98,8 @@ class _DropIdentityTransposes(relax.PyExprMutator):
 
     def visit_call_(self, op: relax.Call):
         call = self.builder_.normalize(super().visit_call_(op))
-        return call.args[0] if is_op(call, "relax.permute_dims") and _axes(call) == sorted(_axes(call)) else call
+        identity = is_op(call, "relax.permute_dims") and _axes(call) == sorted(_axes(call))
+        return call.args[0] if identity else call
 
 
 @relax.expr_functor.mutator
@@ -132,7 +135,8 @@ class _SinkTransposes(relax.PyExprMutator):
         [axes] = axes
         back = [axes.index(axis) for axis in range(rank)]
         if not all(source and len(source[1]) == rank or self._constant(arg)
-                   or (arg.__chandle__(), tuple(back)) in self.transposes for arg, source in zip(tensors, sources)):
+                   or (arg.__chandle__(), tuple(back)) in self.transposes
+                   for arg, source in zip(tensors, sources)):
             return call
         replaced = {arg.__chandle__(): source[0] if source else self._moved_back(arg, back, rank)
                     for arg, source in zip(tensors, sources)}

@@ -80,7 +80,8 @@ def broadcasts_of_reductions_unfused(module: tvm.IRModule) -> tvm.IRModule:
                 reduced[binding.var] = {axis for axis, (before, after) in enumerate(zip(inputs[0][1], shape))
                                         if after == 1 < before}
             elif pattern in (ELEMWISE, BROADCAST):
-                spread = [(reduced[arg], {axis for axis, (dim, out) in enumerate(zip(dims, shape)) if dim < out})
+                spread = [(reduced[arg],
+                           {axis for axis, (dim, out) in enumerate(zip(dims, shape)) if dim < out})
                           for arg, dims in inputs if arg in reduced]
                 if any(not axes <= axes_reduced for axes_reduced, axes in spread):
                     unfused.append(call)

@@ -37,11 +37,10 @@ class _ChannelLast(relax.PyExprMutator):
         layout = str(call.attrs.kernel_layout)
         moved = layout.replace("O", "") + "O"
         attrs = call.attrs
-        return relax.op.nn.conv2d(call.args[0], relax.const(weights.transpose([layout.index(axis) for axis in moved])
-                                                            .copy()),
-                                  strides=attrs.strides, padding=attrs.padding, dilation=attrs.dilation, groups=1,
-                                  data_layout=attrs.data_layout, kernel_layout=moved,
-                                  out_layout=attrs.out_layout, out_dtype=attrs.out_dtype)
+        stored = relax.const(weights.transpose([layout.index(axis) for axis in moved]).copy())
+        return relax.op.nn.conv2d(call.args[0], stored, strides=attrs.strides, padding=attrs.padding,
+                                  dilation=attrs.dilation, groups=1, data_layout=attrs.data_layout,
+                                  kernel_layout=moved, out_layout=attrs.out_layout, out_dtype=attrs.out_dtype)
 
     def _constant(self, expr):
         """The value of `expr` where it is a constant, or a constant transposed or cast (as the layout and

@@ -67,8 +67,9 @@ def _roles(function: relax.Function, lanes: int, constants: dict) -> dict[int, t
             continue
         extra = -channels % lanes
         chain, current = [binding], binding
-        while uses[current.var.__chandle__()] == 1 and (following := consumer.get(current.var.__chandle__())) \
-                and _epilogue(following.value, current.var, channels, constants):
+        while (uses[current.var.__chandle__()] == 1
+               and (following := consumer.get(current.var.__chandle__()))
+               and _epilogue(following.value, current.var, channels, constants)):
             chain.append(following)
             current = following
         while chain and not isinstance(chain[-1].var.ty, relax.TensorType):  # a batch norm's tuple
@@ -106,7 +107,8 @@ def _epilogue(value, source: relax.Var, channels: int, constants: dict) -> bool:
         return (value.args[0].same_as(source) and int(value.attrs.axis) == 1
                 and all(isinstance(arg, tvm.ir.Constant) for arg in others))
     if value.op.name in UNARY:
-        return value.args[0].same_as(source) and all(not isinstance(arg.ty, relax.TensorType) for arg in others)
+        return value.args[0].same_as(source) and not any(isinstance(arg.ty, relax.TensorType)
+                                                         for arg in others)
     return value.op.name in PADDED_WITH and len(others) == 1 and _per_channel(others[0], channels)
 
 
@@ -143,8 +145,8 @@ class _PadChannels(relax.PyExprMutator):
         if role is None:
             return self._sliced(op, super().visit_call_(op))
         _, channels, extra = role  # the arguments padded before the call is typed (their shapes must agree)
-        args = [self._padded(self.constants.get(arg.__chandle__()) or self.visit_expr(arg), op, index, channels,
-                             extra) for index, arg in enumerate(op.args)]
+        args = [self._padded(self.constants.get(arg.__chandle__()) or self.visit_expr(arg), op, index,
+                             channels, extra) for index, arg in enumerate(op.args)]
         return self._sliced(op, relax.Call(op.op, args, op.attrs, op.ty_args))
 
     def visit_tuple_getitem_(self, op: relax.TupleGetItem):

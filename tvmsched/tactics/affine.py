@@ -31,7 +31,8 @@ def fold_affine(vendor_op: VendorOp, constants: dict[int, np.ndarray],
     become parameters `parameters` and `parameters + 1`; None where nothing folds (no such op beyond a bias,
     weights that are not constant, not a convolution). `constants` holds the constant parameters by
     position."""
-    folding = _folding(vendor_op, {position: value.shape for position, value in constants.items()}, parameters)
+    shapes = {position: value.shape for position, value in constants.items()}
+    folding = _folding(vendor_op, shapes, parameters)
     if folding is None:
         return None
     op, folded = folding
@@ -89,8 +90,8 @@ def vendor_call(kernel: Kernel, value: Callable[[str], np.ndarray],
     by `fold_affine` where the epilogue allows, else the op and none. `value(name)` is a constant tensor's
     value on the host."""
     vendor_op, constants = _head(kernel, split)
-    folding = fold_affine(vendor_op, {position: value(kernel.inputs[position].name) for position in constants},
-                          len(kernel.inputs) + len(kernel.outputs))
+    values = {position: value(kernel.inputs[position].name) for position in constants}
+    folding = fold_affine(vendor_op, values, len(kernel.inputs) + len(kernel.outputs))
     return folding or (vendor_op, [])
 
 

@@ -12,8 +12,9 @@ replays every record it loads, ~5 ms each); MetaSchedule appends each record as 
 run merges the new lines into the archives when it ends. A run killed before that leaves the unpacked
 files: readers merge them with the archives, and the next run packs them first. Builds read a validated
 copy holding only the best record of each workload they compile, so they load fast (googlenet's fp32 build
-for the H100 here: 12.2 → 9.2 s, `experiments/results/build_log_filter_cpu_2026-11-26.json`), import TVM's tensor intrinsics only where one of those records is a
-tensor-core schedule, never see a half-written line and never block on a running tuner.
+for the H100 here: 12.2 → 9.2 s, `experiments/results/build_log_filter_cpu_2026-11-26.json`), import
+TVM's tensor intrinsics only where one of those records is a tensor-core schedule, never see a
+half-written line and never block on a running tuner.
 """
 
 from __future__ import annotations

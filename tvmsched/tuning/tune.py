@@ -54,7 +54,7 @@ class TuneOptions:
     search: str = "evolutionary"
     population: int = 256  # evolutionary search: candidates per generation (MetaSchedule: 512)
     generations: int = 2  # evolutionary search: rounds of mutation per measured batch (MetaSchedule: 4)
-    seeds: int = 50  # evolutionary search: new valid random candidates a search starts from (MetaSchedule: 50)
+    seeds: int = 50  # evolutionary search: new valid random candidates it starts from (MetaSchedule: 50)
     cost_model: str = "xgb"
     rpc: str | None = None  # HOST:PORT:KEY of a TVM RPC tracker
     workers: int | None = None  # parallel builds (default: every core)
@@ -396,9 +396,9 @@ def _tuning_target(spec: TargetSpec) -> tvm.target.Target:
 
 # MetaSchedule's evolutionary search starts only from `seeds` (50) new candidates that pass its checks, and
 # gives up after 5 rounds of `population` samples without one. On the H100, big batch-16 convolutions have
-# 0.3-0.7% of random samples within 48 KB of shared memory (VerifyGPUCode): their search found none in 76-97 s.
-# A kernel whose search found no candidate is searched again starting from at most 8, and giving up after 20
-# rounds.
+# 0.3-0.7% of random samples within 48 KB of shared memory (VerifyGPUCode): their search found none in
+# 76-97 s. A kernel whose search found no candidate is searched again starting from at most 8, and giving up
+# after 20 rounds.
 PATIENT_SAMPLING = {"init_min_unmeasured": 8, "max_fail_count": 20}
 
 
