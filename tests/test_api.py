@@ -85,6 +85,13 @@ def test_load_refuses_missing_corrupt_and_foreign_builds(branchy_model, tmp_path
                                             f"\\('{local_cpu}'\\) may lack; rebuild it here"):
         tvmsched.load(build)
     assert tvmsched.load(build, force=True).graph.kernels
+    plan = (build / "plan.json").read_text()
+    (build / "plan.json").write_text(plan.replace(f'"target": "{json.loads(meta)["target"]["key"]}"',
+                                                  '"target": "nvidia-h100-sm90a"'))
+    with pytest.raises(ArtifactError, match="holds a plan made for nvidia-h100-sm90a beside a library built "
+                                            "for llvm-"):
+        tvmsched.load(build, force=True)
+    (build / "plan.json").write_text(plan)
     (build / "meta.json").write_text(meta[: len(meta) // 2])
     with pytest.raises(ArtifactError, match="meta.json' is corrupt"):
         tvmsched.load(build)

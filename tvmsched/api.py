@@ -553,8 +553,13 @@ def _check_constant_inputs(directory: Path, meta: ModelMeta, values: dict[str, n
 
 def _check_plan_context(directory: Path, plan: ExecutionPlan, meta: ModelMeta, batch: int | None,
                         force: bool) -> None:
-    """Refuse a plan made for another batch, or (unless forced) for another GPU than the local one or
-    another CPU (a CPU build uses its CPU's instructions: `target.resolve_target`)."""
+    """Refuse a plan made for another target than the build's library, or for another batch, or (unless
+    forced) for another GPU than the local one or another CPU (a CPU build uses its CPU's instructions:
+    `target.resolve_target`)."""
+    planned_target = plan.context.get("target", meta.target.key)
+    if planned_target != meta.target.key:
+        raise ArtifactError(f"'{directory}' holds a plan made for {planned_target} beside a library built "
+                            f"for {meta.target.key} (plan.json from another build?); rebuild it")
     planned_batch = plan.context.get("batch")
     if batch is not None and planned_batch != batch:
         raise ArtifactError(f"'{directory}' was built for batch {planned_batch}, not {batch}; rebuild with "
