@@ -21,6 +21,7 @@ against PyTorch's fp32 output, within --tolerance (fp32) or --fp16-tolerance.
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import sys
 import time
 from functools import partial
@@ -69,6 +70,8 @@ def measure(case: str, args) -> dict:
     clock = _Laps(row["seconds"])  # where the case's device time goes
     reference = _pytorch(row, proto, module, x, args, precision)
     clock.lap("pytorch")
+    if not args.schedules:  # the peers alone
+        return row | row_options(args)
     tolerance = args.tolerance if precision == "fp32" else args.fp16_tolerance
     # --merge auto checks the merged model against the unmerged one as the rows' dp schedules them
     dp = dict(schedule="dp", max_streams=args.streams,
@@ -230,9 +233,10 @@ def markdown(rows: list[dict]) -> str:
              "|---|" + "---|" * (len(systems) + 1)]
     for row in rows:
         cells = [_cell(row["systems"].get(system)) for system in systems]
-        best = row["best_peer"]  # the speedup from the medians: its stored value is rounded already
-        speedup = best["median_ms"] / row["systems"]["tvmsched_dp"]["median_ms"]
-        lines.append(f"| {row['case']} | " + " | ".join(cells) + f" | {speedup:.2f}x ({best['system']}) |")
+        best = row.get("best_peer")  # the speedup from the medians: its stored value is rounded already
+        dp = row["systems"].get("tvmsched_dp", {}).get("median_ms")
+        speedup = f"{best['median_ms'] / dp:.2f}x ({best['system']})" if best else "—"
+        lines.append(f"| {row['case']} | " + " | ".join(cells) + f" | {speedup} |")
     return "\n".join(lines) + "\n"
 
 
@@ -306,8 +310,9 @@ def main() -> int:
     parser.add_argument("--merge", choices=MERGES, nargs="?", const="all", default="off",
                         help="tvmsched's IOS-Merge (tvmsched build --merge); the Relax VM runs the model "
                              "merged with all, unmerged otherwise")
-    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
-                        help="tvmsched's schedulers to measure (dp is needed for the speedup)")
+    parser.add_argument("--schedules", nargs="*", choices=SCHEDULES, default=list(SCHEDULES),
+                        help="tvmsched's schedulers to measure (dp is needed for the speedup); none: the "
+                             "PyTorch peers alone, nothing built")
     parser.add_argument("--skip", nargs="+", choices=("torch_compile", "relax_vm"), default=[],
                         help="peers not to measure (each costs a compile)")
     parser.add_argument("--repeat", type=int, default=100)
@@ -322,6 +327,8 @@ def main() -> int:
                         help="measure cases again that the JSON in --out-dir already holds (by default "
                              "they are kept and skipped, so a long suite can run over several calls)")
     args = parser.parse_args()
+    if not args.schedules and importlib.util.find_spec("torch") is None:
+        raise SystemExit("--schedules with none measures PyTorch alone, and torch is not installed")
     stem = Path(args.out_dir) / f"bench_{args.name}_{args.date}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".json")
@@ -348,7 +355,7 @@ def main() -> int:
     chart(rows, stem.with_suffix(".png"))
     print(markdown(rows))
     mismatches = [(row["case"], system) for row in rows for system, entry in row["systems"].items()
-                  if entry.get("matches") is False or not row["output_absmax"]]
+                  if entry.get("matches") is False or row.get("output_absmax") == 0]
     if mismatches:
         print(f"outputs off PyTorch's by more than {args.tolerance}: {mismatches}")
     return 1 if mismatches else 0

@@ -13,10 +13,12 @@ import json  # noqa: E402  (the imports are part of what is timed)
 import sys  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
+import tvmsched  # noqa: E402  (before tvm, as a user imports it: it imports TVM without torch)
+
+# isort: split
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 
-import tvmsched  # noqa: E402
 from tvmsched import api, cuda  # noqa: E402
 from tvmsched.executor import base  # noqa: E402
 from tvmsched.tactics.library import LIBRARIES  # noqa: E402

@@ -52,6 +52,8 @@ def test_the_table_rounds_dp_speedup_once():
                                                  "tvmsched_dp": {"median_ms": 10.0641, "matches": True}},
            "best_peer": {"system": "pytorch_cuda_graph", "median_ms": 6.6887, "dp_speedup": 0.665}}
     assert markdown([row]).splitlines()[-1].endswith("| 0.66x (pytorch_cuda_graph) |")  # 0.6646, not 0.665
+    peers = {"case": "tv:resnet50:1", "systems": {"torch_compile": {"median_ms": 1.5}}}  # --schedules (none)
+    assert markdown([row, peers]).splitlines()[-1] == "| tv:resnet50:1 | — | — | 1.500 | — |"
 
 
 def test_a_saved_build_is_reused_only_for_the_export_and_code_it_was_built_from(tmp_path, monkeypatch):

@@ -92,3 +92,27 @@ def test_a_model_library_applies_a_record_tvm_refuses_instead_of_falling_back(re
         ms.arg_info.ArgInfo.from_prim_func(task.dispatched[0]["main"])))
     library = build_library(kernel_module(lowered), spec, database)
     assert library.tuned and not library.fallbacks
+
+
+@pytest.mark.gpu
+def test_the_candidates_tvm_refuses_compute_the_convolution_once_built_with_merged_shared_memory(refused):
+    import numpy as np
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmsched.tuning.builder import build_kernel
+
+    spec, _, task, candidates = refused
+    function = task.dispatched[0]
+    rng = np.random.default_rng(2)
+    arguments = [rng.standard_normal([int(dim) for dim in info.shape]).astype(info.dtype)
+                 for info in ms.arg_info.ArgInfo.from_prim_func(function["main"])]
+    arguments[-1][:] = 0  # the output
+    on_cpu = [tvm.runtime.tensor(value, tvm.cpu()) for value in arguments]
+    tvm.compile(function, target="llvm")["main"](*on_cpu)
+    expected = on_cpu[-1].numpy().astype("float32")
+    assert np.abs(expected).max() > 0
+    for candidate in candidates[:8]:
+        on_gpu = [tvm.runtime.tensor(value, tvm.cuda()) for value in arguments]
+        build_kernel(candidate.sch.mod, spec.tvm_target)["main"](*on_gpu)
+        error = np.abs(on_gpu[-1].numpy().astype("float32") - expected).max() / np.abs(expected).max()
+        assert error <= 1e-2, error
