@@ -47,7 +47,8 @@ from experiments.torchvision_models import TORCHVISION, network
 from tvmsched import frontend, zoo
 from tvmsched.codegen import default_schedules, tuned_schedules
 from tvmsched.graph import extract
-from tvmsched.layout import LAYOUTS
+from tvmsched.layout import CHOICES as LAYOUT_CHOICES
+from tvmsched.layout import chosen
 from tvmsched.lower import kernel_module, lower
 from tvmsched.precision import PRECISIONS
 from tvmsched.rewrite import MERGES, rewrite
@@ -71,6 +72,8 @@ def measure(case: str, args) -> dict:
     reference = _pytorch(row, proto, module, x, args, precision)
     clock.lap("pytorch")
     if not args.schedules:  # the peers alone
+        if reference is None:
+            raise SystemExit(f"{case}: PyTorch's peers were not measured ({row['pytorch']})")
         return row | row_options(args)
     tolerance = args.tolerance if precision == "fp32" else args.fp16_tolerance
     # --merge auto checks the merged model against the unmerged one as the rows' dp schedules them
@@ -82,6 +85,7 @@ def measure(case: str, args) -> dict:
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     row["implementations"] = model.graph.implementations()
+    row["layout_built"] = model.meta.layout  # what --layout auto chose
     if args.merge != "off":
         row["merged_convolutions"] = list(model.meta.merged_convolutions)
         row["merge_choices"] = [choice.to_json() for choice in model.meta.merge_choices]
@@ -128,8 +132,11 @@ class _Laps:
 
 
 def row_options(args) -> dict:
-    """The options a row was measured with (rows with others are not mixed in)."""
-    return {"stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums,
+    """The options a row was measured with (rows with others are not mixed in): a row of PyTorch's peers
+    alone (--schedules with none) used none of tvmsched's."""
+    if not args.schedules:
+        return {"peers_only": True}
+    return {"peers_only": False, "stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums,
             "kernel_choice": args.kernels, "untuned": args.untuned, "layout": args.layout,
             "merge": args.merge}
 
@@ -208,7 +215,8 @@ def _relax_vm_ms(proto, args, precision: str) -> float:
     inputs = frontend.bind_input_shapes(proto)
     merge = "all" if args.merge == "all" else "off"  # "auto"'s choice needs tvmsched's build
     imported = frontend.to_relax(proto, inputs)
-    lowered = lower(rewrite(imported, precision, args.layout, merge, spec=spec).module)
+    layout = chosen(args.layout, precision, spec.kind)
+    lowered = lower(rewrite(imported, precision, layout, merge, spec=spec).module)
     module = tvm.IRModule(dict(lowered.module.functions), attrs=lowered.module.attrs)
     graph, _ = extract(lowered, [item.name for item in inputs])
     workloads = {kernel.symbol: kernel.workload for kernel in graph.kernels}
@@ -305,7 +313,7 @@ def main() -> int:
     parser.add_argument("--kernels", choices=("auto", "tvm", "vendor"), default="auto",
                         help="tvmsched's kernel implementations (tvmsched build --kernels)")
     parser.add_argument("--untuned", action="store_true", help="build with no tuning log applied")
-    parser.add_argument("--layout", choices=LAYOUTS, default="nchw",
+    parser.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
                         help="tvmsched's convolution layout (tvmsched build --layout)")
     parser.add_argument("--merge", choices=MERGES, nargs="?", const="all", default="off",
                         help="tvmsched's IOS-Merge (tvmsched build --merge); the Relax VM runs the model "

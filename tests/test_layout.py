@@ -29,6 +29,17 @@ def test_nhwc_computes_what_the_model_computes():
     assert relative_error(half(x), expected) <= TOLERANCE
 
 
+@pytest.mark.parametrize("target, precision, layout", [("llvm", "fp16", "nchw"), ("cuda", "fp32", "nchw"),
+                                                       ("cuda", "fp16", "nhwc")])
+def test_auto_computes_channels_last_in_fp16_on_a_gpu_only(target, precision, layout):
+    """Built for CUDA without a GPU too: code generation needs none, and the executor is made at first use."""
+    model = tvmsched.compile(network(), target=target, batch=2, precision=precision, kernels="tvm")
+    assert model.meta.layout == layout
+    convolutions = {kernel.vendor_op.anchor.layout for kernel in model.graph.kernels
+                    if kernel.vendor_op is not None and isinstance(kernel.vendor_op.anchor, Conv2d)}
+    assert convolutions == {layout.upper()}
+
+
 def test_an_unknown_layout_is_refused_before_compiling(branchy_model):
     with pytest.raises(UsageError, match="unknown layout 'NHWC'"):
         tvmsched.compile(branchy_model, target="llvm", layout="NHWC",

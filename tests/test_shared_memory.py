@@ -101,6 +101,8 @@ def test_the_candidates_tvm_refuses_compute_the_convolution_once_built_with_merg
 
     from tvmsched.tuning.builder import build_kernel
 
+    if tvm.cuda().compute_version != "9.0":
+        pytest.skip("the candidates are compiled for the H100 (sm_90a)")
     spec, _, task, candidates = refused
     function = task.dispatched[0]
     rng = np.random.default_rng(2)

@@ -11,8 +11,9 @@ def _import_tvm_without_torch() -> None:
     installed (its workaround for a symbol clash on Windows), and tvmsched uses none of it: on the H100
     host `import tvmsched` took 6.0-7.1 s so, 1.9-2.7 s without
     (experiments/results/import_time_h100_2026-11-26.json).
-    A process that imported torch first keeps TVM's torch support; torch imported later works, and its
-    tensors still reach TVM through DLPack."""
+    A process that imported torch first keeps TVM's torch support. Torch imported later works, and its
+    tensors still reach TVM through DLPack, but TVM's torch conveniences (torch dtypes and streams) stay off
+    in that process; so does an `import torch` on another thread while tvmsched is being imported."""
     if "torch" in sys.modules or "tvm_ffi" in sys.modules:
         return
     sys.modules["torch"] = None  # `import torch` raises ImportError while TVM is imported

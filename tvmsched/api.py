@@ -26,7 +26,7 @@ from tvmsched.executor.base import sample_value
 from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
-from tvmsched.layout import LAYOUTS
+from tvmsched.layout import chosen
 from tvmsched.lower import LoweredModule, kernel_module, lower
 from tvmsched.merge import Merged
 from tvmsched.merge_choice import MergeChoice
@@ -126,7 +126,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             max_streams: int = 8, executor: str | None = None, cost: str | None = None,
             tuning_log: str | Path | None = None, tuned: bool = True,
             constant_inputs: dict[str, np.ndarray] | None = None, kernels: str = "auto",
-            precision: str = "fp32", layout: str = "nchw", merge: str | bool = "off",
+            precision: str = "fp32", layout: str = "auto", merge: str | bool = "off",
             progress: Callable[[str], None] = lambda stage: None, **schedule_options) -> CompiledModel:
     """Import, lower and compile `model` (ONNX path, ModelProto or zoo name) for `target`, scheduled by
     `schedule` onto at most `max_streams` streams with stage costs from `cost` (see `reschedule`);
@@ -145,7 +145,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     Without the GPU or the vendor libraries, "auto" is TVM alone.
 
     `precision` "fp16" computes in float16 with float32 accumulation (`tvmsched.precision`); inputs and
-    outputs keep the model's dtypes. `layout` "nhwc" computes convolutions channels-last (`tvmsched.layout`).
+    outputs keep the model's dtypes. `layout` "nhwc" computes convolutions channels-last, "nchw" as the
+    model is, "auto" nhwc in fp16 on a GPU and nchw elsewhere (`tvmsched.layout`).
 
     `merge` "all" merges the convolutions, and the matmuls, that read the same tensor into one each
     (`tvmsched.merge`); "auto" merges a group of convolutions only where its merged kernels, compiled and
@@ -159,7 +160,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     spec = resolve_target(target)
     check_choice("kernel choice", kernels, MODES)
     check_choice("precision", precision, PRECISIONS)
-    check_choice("layout", layout, LAYOUTS)
+    layout = chosen(layout, precision, spec.kind)
     merge = _merge_mode(merge)
     check_choice("merge", merge, MERGES)
     if kernels == "vendor" and not _has_gpu(spec):

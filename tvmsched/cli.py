@@ -21,7 +21,8 @@ from rich.table import Table
 
 from tvmsched.errors import InputError, OutputError, TvmschedError, UsageError
 from tvmsched.frontend import parse_input_shape
-from tvmsched.layout import LAYOUTS
+from tvmsched.layout import CHOICES as LAYOUT_CHOICES
+from tvmsched.layout import chosen
 from tvmsched.precision import PRECISIONS
 from tvmsched.rewrite import MERGES
 from tvmsched.tuning.tune import (
@@ -45,8 +46,9 @@ COMPILE_FLAGS = {"target": "--target", "input_shape": "--input-shape", "log": "-
                  "kernels": "--kernels", "precision": "--precision", "layout": "--layout", "merge": "--merge"}
 PRECISION_HELP = ("fp32, or fp16: float16 weights and activations with float32 accumulation in convolutions "
                   "and matrix products; inputs and outputs keep the model's dtypes")
-LAYOUT_HELP = ("the convolutions' data layout: nchw as the model is, or nhwc (channels-last, weights OHWI); "
-               "inputs and outputs keep the model's layout")
+LAYOUT_HELP = ("the convolutions' data layout: nchw as the model is, nhwc (channels-last, weights OHWI), or "
+               "auto: nhwc in fp16 on a GPU (cuDNN's half-precision convolutions want it), else nchw; inputs "
+               "and outputs keep the model's layout")
 # The scheduling flags: their keyword arguments of `compile` and `reschedule`, and the flags themselves.
 SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost", "max_group_size": "--max-group-size",
                   "max_groups": "--max-groups", "max_states": "--max-states", "time_orders": "--stage-sums",
@@ -176,8 +178,8 @@ def _add_tune_command(commands) -> None:
     tune.add_argument("--precision", choices=PRECISIONS, default="fp32",
                       help=PRECISION_HELP + ": fp16 kernels are other kernels, tuned for fp16 builds "
                            "(default fp32)")
-    tune.add_argument("--layout", choices=LAYOUTS, default="nchw",
-                      help=LAYOUT_HELP + ": tune the kernels of the layout your builds use (default nchw)")
+    tune.add_argument("--layout", choices=LAYOUT_CHOICES, default="auto",
+                      help=LAYOUT_HELP + ": tune the kernels of the layout your builds use (default auto)")
     tune.add_argument("--trials", type=_positive, default=64,
                       help="measured candidates per unique kernel, over all runs (default 64)")
     tune.add_argument("--time-budget", type=_duration, default=None, metavar="8m",
@@ -315,7 +317,8 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                              "vendor: a vendor plan wherever one works; tvm: TVM alone")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help=PRECISION_HELP + " (default fp32)")
-    parser.add_argument("--layout", choices=LAYOUTS, default=None, help=LAYOUT_HELP + " (default nchw)")
+    parser.add_argument("--layout", choices=LAYOUT_CHOICES, default=None,
+                        help=LAYOUT_HELP + " (default auto)")
     from tvmsched.executor import EXECUTORS
     from tvmsched.schedule import SCHEDULERS
     from tvmsched.schedule.base import STREAM_MAPPINGS
@@ -385,7 +388,7 @@ def _compiled(args):
                                  input_shapes=shapes, schedule=schedule, executor=args.executor,
                                  tuning_log=args.log, tuned=not args.untuned, constant_inputs=constants,
                                  kernels=args.kernels or "auto", precision=args.precision or "fp32",
-                                 layout=args.layout or "nchw", merge=args.merge or "off", **options,
+                                 layout=args.layout or "auto", merge=args.merge or "off", **options,
                                  progress=lambda stage: status.update(f"{args.model}: {stage}"))
     tuned = (f"{len(model.meta.tuned_kernels)} tuned from {model.meta.tuning_log}" if model.meta.tuning_log
              else "none tuned" + (", --untuned" if args.untuned else f", no tuning log for "
@@ -588,6 +591,7 @@ def _tune(args) -> None:
         raise UsageError("name the models to tune: tvmsched tune MODEL... or --zoo NAME... (--zoo all)")
     spec = resolve_target(args.target or "auto")
     log = TuningLog.for_target(spec, args.log)
+    layout = chosen(args.layout, args.precision, spec.kind)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     constants = _npy_arrays("--constant-input", args.constant_input)
     started = time.monotonic()  # the budget covers lowering too
@@ -602,7 +606,7 @@ def _tune(args) -> None:
             proto = model_proto(name, args.batch)
             inputs = frontend.bind_input_shapes(proto, args.batch, shapes, constants)
             module = frontend.to_relax(proto, inputs, constants)
-            lowered = [lower(rewrite(module, args.precision, args.layout, merge, spec=spec).module)
+            lowered = [lower(rewrite(module, args.precision, layout, merge, spec=spec).module)
                        for merge in _tuned_merges(args.merge)]
             modules += lowered
             if vendor_plans:  # what builds measured of the vendor plans here (`tune` measures none)
