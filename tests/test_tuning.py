@@ -6,6 +6,7 @@ import gzip
 import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -173,6 +174,19 @@ def test_cli_tunes_into_the_log(tmp_path, branchy_model):
     manifest = json.loads((tmp_path / "logs" / LLVM.key / "manifest.json").read_text())
     assert code == 0 and manifest["workloads"]
     assert all(entry["trials"] == 1 for entry in manifest["workloads"].values())
+
+
+def test_cli_says_how_much_of_a_spent_budget_lowering_took(tmp_path, branchy_model, capsys):
+    import onnx
+
+    from tvmsched.cli import main
+
+    onnx.save(branchy_model, tmp_path / "branchy.onnx")
+    code = main(["tune", str(tmp_path / "branchy.onnx"), "--batch", "1", "--target", "llvm", "--trials", "4",
+                 "--log", str(tmp_path / "logs"), "--time-budget", "0s", "--workers", "1"])
+    assert code == 0
+    assert re.search(r"0 trials on \d+ kernels .*\(time budget spent, \d+ s of it importing and lowering "
+                     r"before tuning\)", " ".join(capsys.readouterr().err.split()))
 
 
 def relu_model(*widths: int):

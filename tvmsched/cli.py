@@ -617,15 +617,17 @@ def _tune(args) -> None:
     with Progress(*columns, console=console) as bar:
         row = bar.add_task(", ".join(names), total=None, status="extracting tasks")
         report = _tune_reporter(bar, row)
+        lowering_s = time.monotonic() - started
         if args.time_budget is not None:
-            options = replace(options, time_budget_s=max(0.0, args.time_budget - time.monotonic() + started))
+            options = replace(options, time_budget_s=max(0.0, args.time_budget - lowering_s))
         try:
             result = tune(modules, spec, log, options, progress=report, vendor_ms=vendor_ms)
         except KeyboardInterrupt:
             console.print(f"stopped: the records measured so far are in {log.directory}")
             raise
         report(result, finished=True)
-    stopped = " (time budget spent)" if result.stopped_by_budget else ""
+    stopped = (f" (time budget spent, {lowering_s:.0f} s of it importing and lowering before tuning)"
+               if result.stopped_by_budget else "")
     vendor = (f" ({result.left_to_vendor} left to their vendor plan: TVM's best stayed more than "
               f"{VENDOR_REACH}x its time)" if result.left_to_vendor else "")
     console.print(f"{result.trials} trials on {len(result.tasks)} kernels in {result.seconds:.0f} s"
