@@ -74,7 +74,7 @@ def measure(case: str, args) -> dict:
     if not args.schedules:  # the peers alone
         if reference is None:
             raise SystemExit(f"{case}: PyTorch's peers were not measured ({row['pytorch']})")
-        return row | row_options(args)
+        return row | row_options(args, precision)
     tolerance = args.tolerance if precision == "fp32" else args.fp16_tolerance
     # --merge auto checks the merged model against the unmerged one as the rows' dp schedules them
     dp = dict(schedule="dp", max_streams=args.streams,
@@ -85,7 +85,6 @@ def measure(case: str, args) -> dict:
     clock.lap("tvmsched_build")
     row["tuned_kernels"], row["kernels"] = len(model.meta.tuned_kernels), len(model.graph.kernels)
     row["implementations"] = model.graph.implementations()
-    row["layout_built"] = model.meta.layout  # what --layout auto chose
     if args.merge != "off":
         row["merged_convolutions"] = list(model.meta.merged_convolutions)
         row["merge_choices"] = [choice.to_json() for choice in model.meta.merge_choices]
@@ -97,7 +96,7 @@ def measure(case: str, args) -> dict:
     if "relax_vm" not in args.skip:
         row["systems"]["relax_vm"] = {"median_ms": _relax_vm_ms(proto, args, precision)}
         clock.lap("relax_vm")
-    row |= row_options(args)
+    row |= row_options(args, precision)
     for schedule in args.schedules:
         start = time.perf_counter()
         options = options_for(schedule, stream_mapping=args.stream_mapping, time_orders=not args.stage_sums)
@@ -131,14 +130,24 @@ class _Laps:
         self.seconds[name], self.last = round(now_ - self.last, 1), now_
 
 
-def row_options(args) -> dict:
-    """The options a row was measured with (rows with others are not mixed in): a row of PyTorch's peers
-    alone (--schedules with none) used none of tvmsched's."""
+def row_options(args, precision: str) -> dict:
+    """The options a row in `precision` is measured with (rows with others are not mixed in), its layout
+    the one --layout gives it: a row of PyTorch's peers alone (--schedules with none) uses none of
+    tvmsched's."""
     if not args.schedules:
         return {"peers_only": True}
+    layout = chosen(args.layout, precision, resolve_target(args.target).kind)
     return {"peers_only": False, "stream_mapping": args.stream_mapping, "dp_time_orders": not args.stage_sums,
-            "kernel_choice": args.kernels, "untuned": args.untuned, "layout": args.layout,
-            "merge": args.merge}
+            "kernel_choice": args.kernels, "untuned": args.untuned, "layout": layout, "merge": args.merge}
+
+
+def _mixed(row: dict, options: dict) -> bool:
+    """Whether `row` was measured with options other than `options` (a row from before `peers_only` was
+    recorded is a peers-only one where it has no tvmsched system)."""
+    recorded = {"peers_only": not any(system.startswith("tvmsched_") for system in row["systems"]), **row}
+    if recorded["peers_only"]:
+        recorded = {"peers_only": True}  # such rows' other options were not used
+    return any(key in recorded and recorded[key] != value for key, value in options.items())
 
 
 def _parse(case: str) -> tuple[str, str, int, str]:
@@ -342,12 +351,12 @@ def main() -> int:
     path = stem.with_suffix(".json")
     results = ResultFile.load(path, "case")
     cases = results.todo(args.cases, args.again)
-    options = row_options(args)
     other = [row["case"] for row in results.rows if row["case"] in args.cases and not args.again
-             and any(key in row and row[key] != value for key, value in options.items())]
+             and _mixed(row, row_options(args, row.get("precision", "fp32")))]
     if other:
-        raise SystemExit(f"{path} holds {', '.join(other)} measured with other scheduler options than "
-                         f"{options}; measure them --again, or write to another --out-dir or --date")
+        raise SystemExit(f"{path} holds {', '.join(other)} measured with other options than these "
+                         f"({row_options(args, 'fp32')} in fp32); measure them --again, or write to another "
+                         f"--out-dir or --date")
     results.commands.append(command("experiments.bench"))
     header = {"experiment": "bench", "device": device_name(resolve_target(args.target)), "date": args.date,
               "tvm": tvm.__version__,

@@ -144,3 +144,21 @@ def test_gpu_utilization_is_averaged_per_gpu_and_unreadable_samples_are_skipped(
     utilization = Utilization(tmp_path)
     utilization.path.write_text("0, 10\n1, 0\n0, 30\n1, [N/A]\n")
     assert utilization.summary() == {"host_cpu_percent": None, "gpu_percent": {"0": 20.0, "1": 0.0}}
+
+
+def test_bench_mixes_no_rows_measured_otherwise_and_resolves_the_layout_per_precision():
+    from types import SimpleNamespace
+
+    from experiments.bench import _mixed, row_options
+
+    args = SimpleNamespace(schedules=["dp"], stream_mapping="affinity", stage_sums=False, kernels="auto",
+                           untuned=False, layout="auto", merge="off", target="cuda")
+    full = row_options(args, "fp16") | {"systems": {"tvmsched_dp": {"median_ms": 1.0}}}
+    assert full["layout"] == "nhwc" and row_options(args, "fp32")["layout"] == "nchw"
+    assert not _mixed(full, row_options(args, "fp16"))
+    assert _mixed(full | {"layout": "nchw"}, row_options(args, "fp16"))
+    peers = {"systems": {"pytorch_cuda_graph": {"median_ms": 1.0}}}
+    older_peers = peers | {"layout": "nhwc", "merge": "off", "untuned": False}  # before peers_only was kept
+    for row in (peers | {"peers_only": True}, older_peers):
+        assert _mixed(row, row_options(args, "fp16"))  # a full run names it (measure --again), not skips it
+        assert not _mixed(row, row_options(SimpleNamespace(schedules=[]), "fp16"))

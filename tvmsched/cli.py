@@ -626,8 +626,12 @@ def _tune(args) -> None:
             console.print(f"stopped: the records measured so far are in {log.directory}")
             raise
         report(result, finished=True)
-    stopped = (f" (time budget spent, {lowering_s:.0f} s of it importing and lowering before tuning)"
-               if result.stopped_by_budget else "")
+    stopped = ""
+    if result.stopped_by_budget:
+        budget = args.time_budget
+        stopped = (f" (time budget spent, {lowering_s:.0f} s of it importing and lowering before tuning)"
+                   if lowering_s < budget else
+                   f" (time budget spent importing and lowering: {lowering_s:.0f} s of {budget:.0f})")
     vendor = (f" ({result.left_to_vendor} left to their vendor plan: TVM's best stayed more than "
               f"{VENDOR_REACH}x its time)" if result.left_to_vendor else "")
     console.print(f"{result.trials} trials on {len(result.tasks)} kernels in {result.seconds:.0f} s"
