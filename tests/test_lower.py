@@ -119,3 +119,32 @@ def test_a_mutated_main_is_a_new_module_and_the_input_keeps_its_own():
     mutated = with_main_mutated(module, Multiply(module))
     assert module["main"].same_as(before) and not mutated.same_as(module)
     assert "multiply" in mutated["main"].script() and "multiply" not in module["main"].script()
+
+
+def test_constants_fold_in_one_build_to_what_relax_folds_one_call_at_a_time(monkeypatch):
+    """A batch norm decomposed, a bias reshaped, a Gemm's weight transposed: `fold_constants` gives the module
+    FoldConstant gives (same constants, bit for bit), building one function for all of them; and where
+    that build fails, FoldConstant's module still."""
+    import tvm_ffi
+    from test_tactics_select import network
+    from tvm import relax
+
+    from tvmsched import frontend
+    from tvmsched import lower as lowering
+
+    proto = network()
+    module = relax.transform.DecomposeOpsForInference()(
+        frontend.to_relax(proto, frontend.bind_input_shapes(proto)))
+    expected = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(module))
+    builds = []
+    compile_ = tvm.compile
+    monkeypatch.setattr(tvm, "compile", lambda *args, **kwargs: builds.append(1) or compile_(*args, **kwargs))
+    folded = lowering.fold_constants(module)
+    assert len(builds) == 1 and tvm_ffi.structural_equal(folded, expected, map_free_vars=True)
+    assert len(lowering.constant_vars(folded["main"])) < len(lowering.constant_vars(module["main"]))
+
+    def fails(*args):
+        raise RuntimeError("no CPU build")
+    monkeypatch.setattr(lowering, "_evaluated", fails)
+    assert tvm_ffi.structural_equal(relax.transform.DeadCodeElimination()(lowering.fold_constants(module)),
+                                    expected, map_free_vars=True)

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 
 from tvmsched.errors import check_choice
-from tvmsched.lower import is_op, with_main_mutated
+from tvmsched.lower import constant_vars, is_op, with_main_mutated
 
 LAYOUTS = ("nchw", "nhwc")
 CHOICES = ("auto", *LAYOUTS)
@@ -76,31 +76,10 @@ def _rewritten(module: tvm.IRModule, mutator) -> tvm.IRModule:
 
 def _transposed(module: tvm.IRModule) -> int:
     """How many elements `module`'s main transposes, constants' transposes (folded later) aside."""
-    constant = _constant_vars(module["main"])
+    constant = constant_vars(module["main"])
     return sum(math.prod(int(dim) for dim in binding.value.ty.shape.values)
                for block in module["main"].body.blocks for binding in block.bindings
                if is_op(binding.value, "relax.permute_dims") and binding.var not in constant)
-
-
-def _constant_vars(function: relax.Function) -> set[relax.Var]:
-    """The variables of `function` computed from constants alone (a weight cast to float16, reshaped, a
-    field of a constant tuple), found in one pass over its bindings in order."""
-    constant: set[relax.Var] = set()
-
-    def known(expr) -> bool:
-        if isinstance(expr, relax.Var):
-            return expr in constant
-        if isinstance(expr, relax.Tuple):
-            return all(known(field) for field in expr.fields)
-        return isinstance(expr, tvm.ir.Constant | relax.ShapeExpr)
-
-    for block in function.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if (isinstance(value, relax.Call) and all(known(arg) for arg in value.args)
-                    or isinstance(value, relax.TupleGetItem) and known(value.tuple_value) or known(value)):
-                constant.add(binding.var)
-    return constant
 
 
 @relax.expr_functor.mutator
@@ -126,7 +105,7 @@ class _SinkTransposes(relax.PyExprMutator):
         self.transposes = {(binding.value.args[0].__chandle__(), tuple(_axes(binding.value)))
                            for block in module["main"].body.blocks for binding in block.bindings
                            if is_op(binding.value, "relax.permute_dims")}
-        self.constants = _constant_vars(module["main"])
+        self.constants = constant_vars(module["main"])
 
     def visit_call_(self, op: relax.Call):
         call = self.builder_.normalize(super().visit_call_(op))

@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 
 from tvmsched.errors import UnsupportedOperator, check_choice
-from tvmsched.lower import is_call_tir, with_main_mutated
+from tvmsched.lower import fold_constants, is_call_tir, with_main_mutated
 
 PRECISIONS = ("fp32", "fp16")
 POLICY = "TMixedPrecisionPolicy"
@@ -48,7 +48,7 @@ def in_precision(module: tvm.IRModule, precision: str) -> tvm.IRModule:
     check_choice("precision", precision, PRECISIONS)
     if precision == "fp32":
         return module
-    decomposed = relax.transform.FoldConstant()(relax.transform.DecomposeOpsForInference()(module))
+    decomposed = fold_constants(relax.transform.DecomposeOpsForInference()(module))
     wrapped = relax.transform.ConvertToDataflow()(_te_calls_wrapped(decomposed))
     try:
         with _policies_follow():
