@@ -148,3 +148,27 @@ def test_constants_fold_in_one_build_to_what_relax_folds_one_call_at_a_time(monk
     monkeypatch.setattr(lowering, "_evaluated", fails)
     assert tvm_ffi.structural_equal(relax.transform.DeadCodeElimination()(lowering.fold_constants(module)),
                                     expected, map_free_vars=True)
+
+
+def test_only_pure_ops_of_constants_fold_and_a_match_cast_keeps_its_type():
+    """A print of a constant stays where it is (it prints when the model runs); a match_cast's variable
+    keeps the cast's type: only the add before it becomes a constant."""
+    from tvm import relax
+
+    from tvmsched.lower import constant_vars, fold_constants
+
+    c = relax.const(np.arange(4, dtype="float32"))
+    x = relax.Var("x", relax.TensorType([4], "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        total = builder.emit(relax.op.add(c, c))
+        builder.emit(relax.op.print(total, format="{}"))
+        cast = builder.match_cast(total, relax.TensorType([4], "float32"))
+        builder.emit_func_output(builder.emit(relax.op.multiply(x, cast)))
+    module = builder.get()
+    assert constant_vars(module["main"]) == {total}
+    folded = fold_constants(module)["main"].body.blocks[0].bindings
+    printed, matched, product = folded
+    assert printed.value.op.name == "relax.print" and isinstance(printed.value.args[0], tvm.ir.Constant)
+    assert isinstance(matched, relax.MatchCast) and isinstance(matched.value, tvm.ir.Constant)
+    assert product.value.args[1].same_as(matched.var)

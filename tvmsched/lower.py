@@ -210,9 +210,9 @@ class _SliceTakes(relax.PyExprMutator):
 
 
 def constant_vars(function: relax.Function) -> set[relax.Var]:
-    """The variables of `function` computed from constants alone (a weight cast to float16, reshaped, a
-    field of a constant tuple, a batch norm's statistics combined), found in one pass over its bindings in
-    order."""
+    """The variables of `function` computed by pure ops from constants alone (a weight cast to float16,
+    reshaped, a field of a constant tuple, a batch norm's statistics combined), found in one pass over its
+    bindings in order; a variable a match_cast binds is not one (its type is the cast's)."""
     constant: set[relax.Var] = set()
 
     def known(expr) -> bool:
@@ -222,10 +222,15 @@ def constant_vars(function: relax.Function) -> set[relax.Var]:
             return all(known(field) for field in expr.fields)
         return isinstance(expr, tvm.ir.Constant | relax.ShapeExpr | tvm.ir.GlobalVar)
 
+    def pure(call: relax.Call) -> bool:
+        return isinstance(call.op, tvm.ir.Op) and bool(call.op.get_attr("FPurity"))
+
     for block in function.body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if (isinstance(value, relax.Call) and all(known(arg) for arg in value.args)
+            if isinstance(binding, relax.MatchCast):
+                continue
+            if (isinstance(value, relax.Call) and pure(value) and all(known(arg) for arg in value.args)
                     or isinstance(value, relax.TupleGetItem) and known(value.tuple_value) or known(value)):
                 constant.add(binding.var)
     return constant
@@ -285,21 +290,17 @@ def _substituted(expr, renamed: dict):
 
 @relax.expr_functor.mutator
 class _ConstantVars(relax.PyExprMutator):
-    """Reads each variable of `values` as its constant."""
+    """Reads each variable of `values` as its constant (one per variable, however often it is read)."""
 
     def __init__(self, values: dict, module: tvm.IRModule):
         super().__init__(module)
-        self.values = values
+        self.constants = {var: relax.const(value, str(var.ty.dtype)) for var, value in values.items()}
 
     def visit_var_(self, var: relax.Var):
-        if var in self.values:
-            return relax.const(self.values[var], str(var.ty.dtype))
-        return super().visit_var_(var)
+        return self.constants[var] if var in self.constants else super().visit_var_(var)
 
     def visit_dataflow_var_(self, var: relax.DataflowVar):
-        if var in self.values:
-            return relax.const(self.values[var], str(var.ty.dtype))
-        return super().visit_dataflow_var_(var)
+        return self.constants[var] if var in self.constants else super().visit_dataflow_var_(var)
 
 
 def fold_constant_calls(module: tvm.IRModule) -> tvm.IRModule:
