@@ -26,7 +26,7 @@ from tvmsched.lower import LegalizedCalls, is_call_tir, op_name
 from tvmsched.tactics.vendor_op import Conv2d, EpilogueOp, Matmul, VendorOp
 
 FLOATS = ("float32", "float16", "bfloat16")
-LAYOUTS = {"NCHW": ("OIHW", 1), "NHWC": ("OHWI", 3)}  # data layout: weight layout, channel axis
+WEIGHT_LAYOUTS = {"NCHW": "OIHW", "NHWC": "OHWI"}  # of a convolution the libraries take, by data layout
 ANCHOR_OPS = ("relax.nn.conv2d", "relax.matmul")
 # the name TVM's legalization gives an op's PrimFunc: the op's kind here, the Relax op, its tensor inputs
 EPILOGUE_OPS = {"add": ("add", relax.op.add, 2), "subtract": ("subtract", relax.op.subtract, 2),
@@ -237,7 +237,7 @@ def _binary(kind: str, operand: int, operand_type, out_type, anchor) -> tuple[Ep
     dtype = str(out_type.dtype)
     if shape == out_shape:
         return EpilogueOp({"add": "residual"}.get(kind, kind), dtype, operand), 1
-    axis = LAYOUTS[anchor.layout][1] if isinstance(anchor, Conv2d) else len(out_shape) - 1
+    axis = anchor.channel_axis if isinstance(anchor, Conv2d) else len(out_shape) - 1
     aligned = (1,) * (len(out_shape) - len(shape)) + shape
     if len(shape) > len(out_shape) or any(size != 1 for dim, size in enumerate(aligned) if dim != axis) \
             or aligned[axis] != out_shape[axis]:
@@ -255,7 +255,7 @@ def _anchor(call: relax.Call, types, out_type) -> Conv2d | Matmul | None:
         return Matmul(*shapes, dtype, accumulate) if min(len(shapes[0]), len(shapes[1])) >= 2 else None
     attrs = call.attrs
     layout = str(attrs.data_layout)
-    if LAYOUTS.get(layout, ("",))[0] != str(attrs.kernel_layout) or str(attrs.out_layout) != layout:
+    if WEIGHT_LAYOUTS.get(layout) != str(attrs.kernel_layout) or str(attrs.out_layout) != layout:
         return None
     return Conv2d(layout, *shapes, tuple(int(value) for value in attrs.strides),
                   tuple(int(value) for value in attrs.padding), tuple(int(value) for value in attrs.dilation),
