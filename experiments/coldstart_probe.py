@@ -1,5 +1,8 @@
 """One cold start of a saved build, in this process (run it in a fresh one): prints one JSON line with the
-seconds of each part, the first output's agreement with the steady state's, and the warm repeat
+seconds of each part, the first output's agreement with the steady state's, the warm repeat (a second
+`load`), and the first inference of the loaded model after `close()` released everything it had on the
+GPU (DeepPlan's case: library and weights in host memory, nothing on the device), with the weights
+uploaded before it (`naive_ms`) and pipelined with it (`pipelined_ms`), alternating
 (`experiments.coldstart` runs it and keeps the rows).
 
     python -m experiments.coldstart_probe BUILD_DIR
@@ -10,6 +13,7 @@ import time
 STARTED = time.perf_counter()
 
 import json  # noqa: E402  (the imports are part of what is timed)
+import statistics  # noqa: E402
 import sys  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
@@ -20,12 +24,13 @@ import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 
 from tvmsched import api, cuda  # noqa: E402
-from tvmsched.executor import base  # noqa: E402
+from tvmsched.executor import base, streams  # noqa: E402
 from tvmsched.tactics.library import LIBRARIES  # noqa: E402
 from tvmsched.target import device_name  # noqa: E402
 
 IMPORTED = time.perf_counter()
 BANDWIDTH_BYTES = 256 * 2**20
+OFFLOADED_ROUNDS = 7
 
 
 def main(directory: str) -> dict:
@@ -47,8 +52,38 @@ def main(directory: str) -> dict:
     warm = _start(directory, seconds)
     row["warm"] = {**warm["times"],
                    "parts_s": {name: round(value, 3) for name, value in seconds.items()}}
-    warm["model"].close()
+    row.update(_offloaded(warm["model"], inputs, steady))
+    row["dha_ms"] = None  # direct host access is not built
     row["host_to_device_gbps"] = _bandwidth(model)
+    row["pcie_gbps"] = _pinned_bandwidth(warm["model"])
+    if row["pcie_gbps"]:
+        row["bound_ms"] = round(max(row["weights_mb"] * 2**20 / row["pcie_gbps"] / 1e6, row["steady_ms"]), 4)
+    warm["model"].close()
+    return row
+
+
+def _offloaded(model, inputs: dict, steady: list) -> dict:
+    """The first inference after `model.close()`, alternating the weights uploaded before it (naive) and
+    pipelined with it: milliseconds to make the executor, of the first run, and of both (medians)."""
+    times = {False: [], True: []}
+    equal = True
+    for _ in range(OFFLOADED_ROUNDS):
+        for pipelined in (False, True):
+            model.close()
+            model.pipelined = pipelined
+            start = time.perf_counter()
+            with model.exclusive():
+                pass
+            made = time.perf_counter()
+            outputs = model.run(inputs)
+            end = time.perf_counter()
+            times[pipelined].append(((made - start) * 1e3, (end - made) * 1e3, (end - start) * 1e3))
+            equal = equal and all(np.array_equal(a, b) for a, b in zip(outputs, steady))
+    row = {"offloaded_equals_steady": equal}
+    for pipelined, name in ((False, "naive"), (True, "pipelined")):
+        executor_ms, run_ms, total_ms = (statistics.median(column) for column in zip(*times[pipelined]))
+        row[f"{name}_ms"] = round(total_ms, 3)
+        row[f"{name}_parts_ms"] = {"executor": round(executor_ms, 3), "first_run": round(run_ms, 3)}
     return row
 
 
@@ -71,9 +106,10 @@ def _start(directory: str, seconds: dict) -> dict:
 
 def _time_calls(seconds: dict) -> None:
     """Accumulate the seconds spent in the parts of `load` and of making the executor into `seconds` by
-    name: digests, weights, library (load); uploads (every host-to-device tensor: constants, folded
-    weights), vendor_handles (cuDNN's and cuBLASLt's handles), vendor_folding (batch norms folded into
-    a vendor plan's weights), vendor_plans (each plan made ready to launch), graph_capture (the CUDA Graph
+    name: digests, weights, pinning, library (load); uploads (issuing the copies of the constants and
+    folded weights: from page-locked memory the host does not wait for them), vendor_handles (cuDNN's and
+    cuBLASLt's handles), vendor_folding (batch norms folded into a vendor plan's weights, where the build
+    did not save them), vendor_plans (each plan made ready to launch), graph_capture (the CUDA Graph
     captured and instantiated); the rest of `executor_s` is buffers, streams and events. The libraries
     are the process's (`tactics.library.shared_library`): a second load in one process finds the handles
     and the plans built, so only a fresh process measures them cold."""
@@ -87,8 +123,9 @@ def _time_calls(seconds: dict) -> None:
         return call
     api._sha256 = timed("digests", api._sha256)
     api.weights.read = timed("weights", api.weights.read)  # mapping the file (reading an older archive)
+    api.pin_mapping = timed("pinning", api.pin_mapping)
     tvm.runtime.load_module = timed("library", tvm.runtime.load_module)
-    tvm.runtime.tensor = timed("uploads", tvm.runtime.tensor)
+    streams.StreamsExecutor.upload = timed("uploads", streams.StreamsExecutor.upload)
     base.open_library = timed("vendor_handles", base.open_library)
     base.vendor_call = timed("vendor_folding", base.vendor_call)
     for library in LIBRARIES.values():
@@ -110,6 +147,26 @@ def _bandwidth(model) -> float | None:
         device.sync()
         best = min(best, time.perf_counter() - start)
     return round(BANDWIDTH_BYTES / best / 1e9, 2)
+
+
+def _pinned_bandwidth(model) -> float | None:
+    """GB/s of copying the loaded build's page-locked weights file to the device (best of 3); None where it
+    was not page-locked (a CPU build)."""
+    if model.meta.target.kind != "cuda":
+        return None
+    mapping = next(iter(model.constants.values())).base
+    cudart = cuda.runtime()
+    if cuda.check(cudart.cudaPointerGetAttributes(mapping.ctypes.data)).type != \
+            cudart.cudaMemoryType.cudaMemoryTypeHost:
+        return None
+    target = tvm.runtime.empty((mapping.nbytes,), "uint8", tvm.cuda(0))
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        cuda.check(cudart.cudaMemcpy(target.data_ptr(), mapping.ctypes.data, mapping.nbytes,
+                                     cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+        best = min(best, time.perf_counter() - start)
+    return round(mapping.nbytes / best / 1e9, 2)
 
 
 if __name__ == "__main__":

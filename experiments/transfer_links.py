@@ -137,7 +137,7 @@ def main() -> None:
     results = ResultFile.load(args.out, "build")
     results.commands.append(command("experiments.transfer_links"))
     for build in args.builds:
-        constants = weights.read(build)
+        constants, _ = weights.read(build)
         data = np.concatenate([np.ascontiguousarray(value).reshape(-1).view(np.uint8)
                                for value in constants.values()])
         row = measure(data, int(args.chunk_mb * 2**20), args.shares, args.repeat)

@@ -3,11 +3,14 @@
 Handles are numbers. It records each stream, event, graph and graph executable made and destroyed, refuses
 (as CUDA does) a call with a handle that is not live, such as a second destroy, and makes the call numbered
 `fail_at` fail. Destroys never fail and are not numbered. Every event's elapsed time is 1 ms, unless a test
-sets `elapsed` to an iterator of the times to read in turn; `launched` counts graph launches.
+sets `elapsed` to an iterator of the times to read in turn; `launched` counts graph launches. Copies are
+made (the "device" is the CPU: host and device pointers are both CPU addresses); `log` lists the copies,
+event records and waits in issue order, and `registered` the host ranges page-locked now.
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import itertools
 from collections import Counter
@@ -24,9 +27,16 @@ class cudaStreamCaptureMode(enum.IntEnum):
     cudaStreamCaptureModeThreadLocal = 1
 
 
+class cudaMemcpyKind(enum.IntEnum):
+    cudaMemcpyHostToDevice = 1
+
+
 class FakeCudart:
     cudaError_t = cudaError_t
     cudaStreamCaptureMode = cudaStreamCaptureMode
+    cudaMemcpyKind = cudaMemcpyKind
+    cudaHostRegisterPortable = 1
+    cudaHostRegisterReadOnly = 8
     cudaStreamNonBlocking = 1
     cudaEventDefault = 0
     cudaEventDisableTiming = 2
@@ -41,6 +51,8 @@ class FakeCudart:
         self.refused: list[tuple[str, int]] = []  # (kind, handle) of calls with a handle not live
         self.elapsed: Iterator[float] = itertools.repeat(1.0)
         self.launched = 0
+        self.log: list[tuple] = []  # ("copy", dst, bytes, stream), ("record", event, stream), ("wait", ...)
+        self.registered: dict[int, int] = {}  # page-locked host ranges: pointer -> bytes
         self._handles = itertools.count(1)
 
     def cudaGetErrorName(self, error):
@@ -71,13 +83,33 @@ class FakeCudart:
         return self._destroy("graph_exec", graph_exec)
 
     def cudaEventRecord(self, event, stream):
+        self.log.append(("record", event, stream))
         return self._call(("event", event), ("stream", stream)),
 
     def cudaEventRecordWithFlags(self, event, stream, flags):
         return self._call(("event", event), ("stream", stream)),
 
     def cudaStreamWaitEvent(self, stream, event, flags):
+        self.log.append(("wait", stream, event))
         return self._call(("stream", stream), ("event", event)),
+
+    def cudaMemcpyAsync(self, dst, src, count, kind, stream):
+        error = self._call(("stream", stream))
+        if error == cudaError_t.cudaSuccess:
+            ctypes.memmove(dst, src, count)
+            self.log.append(("copy", dst, count, stream))
+        return error,
+
+    def cudaHostRegister(self, pointer, size, flags):
+        self.registered[pointer] = size
+        return self._call(),
+
+    def cudaHostUnregister(self, pointer):
+        del self.registered[pointer]
+        return cudaError_t.cudaSuccess,
+
+    def cudaGetLastError(self):
+        return cudaError_t.cudaSuccess,
 
     def cudaEventSynchronize(self, event):
         return self._call(("event", event)),

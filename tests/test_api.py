@@ -234,6 +234,7 @@ def test_close_destroys_the_executors_handles_and_the_next_call_makes_a_new_one(
     model.close()  # before any call: there is no executor to close (one chosen by name is made at a call)
     assert not fake_cuda.made
     model(x)
+    model(x)  # the second inference captures the CUDA graph
     made = +fake_cuda.made
     assert made["stream"] > 1 and (made["graph_exec"] == 1) == (executor == "cuda-graph")
     model.close()

@@ -58,7 +58,7 @@ def test_a_constructor_failing_at_any_call_destroys_what_it_made(fake_cuda, mode
 
     assert fail_each_call(fake_cuda, construct) >= 5  # 2 streams and 3 events, for the streams executor
     assert fake_cuda.made["stream"] > 2 and fake_cuda.made == fake_cuda.destroyed
-    assert (fake_cuda.made["graph_exec"] > 0) == (kind == "cuda-graph")
+    assert fake_cuda.made["graph_exec"] == 0  # the CUDA graph is captured at the second inference
 
 
 @pytest.mark.parametrize("kind", sorted(EXECUTORS))
@@ -90,6 +90,9 @@ TIMED = {"streams trace": ("streams", lambda executor, model: executor.trace()),
 def test_a_timed_call_failing_at_any_call_destroys_its_own_graphs_and_events(fake_cuda, model, timed):
     kind, call = TIMED[timed]
     with make(kind, model) as executor:
+        for _ in range(2):  # every run of the call then makes the same calls: weights uploaded, plan captured
+            executor.run([np.zeros(model.inputs[0].shape, "float32")])
+        executor.finish_uploads()
         owned = dict(fake_cuda.live)
 
         def call_and_check():
@@ -106,28 +109,24 @@ def test_a_timed_call_failing_at_any_call_destroys_its_own_graphs_and_events(fak
 def test_time_order_shares_the_timers_constants_instead_of_uploading_them(fake_cuda, model, monkeypatch):
     x = np.random.default_rng(3).standard_normal(model.inputs[0].shape).astype("float32")
     expected = model(x)
-    uploads, upload = [], tvm.runtime.tensor
+    def uploads() -> int:
+        return sum(entry[0] == "copy" for entry in fake_cuda.log)
 
-    def counted_upload(*args, **kwargs):
-        uploads.append(args[0])
-        return upload(*args, **kwargs)
-
-    monkeypatch.setattr(tvm.runtime, "tensor", counted_upload)
     with make("stage-timer", model) as timer:
-        assert len(uploads) == len(model.constants) == 3
+        assert uploads() == len(model.constants) == 3
         assert timer.time_order(plan_order(model), warmup=1, repeat=3) == 1.0
-        assert len(uploads) == 3
+        assert uploads() == 3
         # an executor given the timer's device tensors reads them, and computes what the model computes
         executor = StreamsExecutor(model.library, model.graph, model.plan, timer.device_constants, tvm.cpu())
         with executor:
             assert all(executor.buffers[name] is timer.buffers[name] for name in model.constants)
             np.testing.assert_array_equal(executor.run([x])[0], expected)
-        assert len(uploads) == 3
+        assert uploads() == 3
     assert_released(fake_cuda)
 
 
 def test_the_cuda_graph_warm_up_runs_on_zero_inputs_whatever_memory_it_gets(fake_cuda, monkeypatch):
-    """The CUDA-graph executor launches the plan once while it is made, before any input arrives; token ids
+    """The CUDA-graph executor may launch the plan before any input arrives (a trace, a benchmark); token ids
     taken from recycled device memory sent a gather out of its table and lost the CUDA context. Here the
     allocator hands back int64 memory holding 5s: the warm-up must still gather row 0."""
     from conftest import make_model, tensor
@@ -147,5 +146,59 @@ def test_the_cuda_graph_warm_up_runs_on_zero_inputs_whatever_memory_it_gets(fake
 
     monkeypatch.setattr(tvm.runtime, "empty", recycled)
     with CudaGraphExecutor(model.library, model.graph, model.plan, model.constants, tvm.cpu()) as executor:
+        executor.launch()  # the first inference, issued live, before any input was given
         warm_up = executor.buffers[model.graph.outputs[0].name].numpy()
         np.testing.assert_array_equal(warm_up, np.repeat(table[:1], 4, axis=0))
+
+
+def _copied_before(fake, executor, event) -> set[str]:
+    """The constants whose copies the log shows before `event` was recorded on the copy stream."""
+    names = {buffer.data_ptr(): name for name, buffer in executor.buffers.items()}
+    copied = set()
+    for entry in fake.log:
+        if entry[0] == "record" and entry[1] == event:
+            return copied
+        if entry[0] == "copy" and entry[3] == executor.copy_stream and entry[1] in names:
+            copied.add(names[entry[1]])
+    raise AssertionError("the event was never recorded")
+
+
+@pytest.mark.parametrize("kind", ["streams", "cuda-graph"])
+def test_the_first_inference_waits_for_each_kernels_own_weights_alone(fake_cuda, model, kind):
+    """Pipelined (the default): every weight is copied on the copy stream in the plan's order, an event
+    after each kernel's; the first inference waits for a kernel's event on the kernel's stream just before
+    issuing it, and later inferences wait for none. The outputs are the model's."""
+    x = np.random.default_rng(5).standard_normal(model.inputs[0].shape).astype("float32")
+    expected = model(x)
+    with make(kind, model) as executor:
+        uploads = dict(executor.uploads)
+        reading = {launch.kernel for launch in model.plan.launches
+                   if any(tensor.kind == "constant" for tensor in model.graph.kernels[launch.kernel].inputs)}
+        assert set(uploads) == reading and len(reading) > 1
+        for kernel, event in uploads.items():  # each event follows the copies of what its kernel reads
+            read = {tensor.name for tensor in model.graph.kernels[kernel].inputs if tensor.kind == "constant"}
+            assert read <= _copied_before(fake_cuda, executor, event)
+        first_copies = [_copied_before(fake_cuda, executor, uploads[launch.kernel])
+                        for launch in model.plan.launches if launch.kernel in uploads]
+        assert first_copies[0] < first_copies[-1]  # the first kernel does not wait for every weight
+        start = len(fake_cuda.log)
+        np.testing.assert_array_equal(executor.run([x])[0], expected)
+        waits = [entry for entry in fake_cuda.log[start:] if entry[0] == "wait"]
+        streams = {launch.kernel: executor.streams[launch.stream] for launch in model.plan.launches}
+        assert {("wait", streams[kernel], event) for kernel, event in uploads.items()} <= set(waits)
+        start = len(fake_cuda.log)
+        for _ in range(2):
+            np.testing.assert_array_equal(executor.run([x])[0], expected)
+        events = set(uploads.values())
+        assert not [entry for entry in fake_cuda.log[start:] if entry[0] == "wait" and entry[2] in events]
+    assert_released(fake_cuda)
+
+
+def test_not_pipelined_every_weight_is_on_the_device_before_the_first_inference(fake_cuda, model):
+    x = np.random.default_rng(6).standard_normal(model.inputs[0].shape).astype("float32")
+    with CudaGraphExecutor(model.library, model.graph, model.plan, model.constants, tvm.cpu(),
+                           pipelined=False) as executor:
+        assert not executor.uploads and not executor.sources  # the copy stream was waited for
+        assert sum(entry[0] == "copy" for entry in fake_cuda.log) == len(model.constants)
+        np.testing.assert_array_equal(executor.run([x])[0], model(x))
+

@@ -211,6 +211,44 @@ def test_executors_launch_the_chosen_plans_on_their_streams(fake_cuda, standin, 
     assert StandIn.opened == 1  # selection and every executor use the process's instance
 
 
+def test_weights_are_folded_once_per_model_and_the_first_inference_waits_for_the_folded_ones(
+        fake_cuda, standin, model, tmp_path, monkeypatch):
+    """A vendor plan's folded weights are folded for the model's first executor only: its next one (after
+    `close`) and a rescheduled model's take them from the model. The first inference waits for the folded
+    weights of a kernel, not for the weights its plan no longer reads, which are copied after every
+    kernel's."""
+    from tvmsched.executor import base
+
+    folds, fold = [], base.vendor_call
+    monkeypatch.setattr(base, "vendor_call",
+                        lambda kernel, *args: folds.append(kernel.id) or fold(kernel, *args))
+    scheduled = with_tactics(model, tmp_path).with_meta(model.meta)
+    scheduled.executor_name = "streams"
+    folds.clear()  # selection's own
+    x = RNG.standard_normal((2, 3, 8, 8)).astype("float32")
+    [expected] = onnxruntime_outputs(network(), {"input": x})
+    with scheduled.exclusive() as executor:
+        uploads = dict(executor.uploads)
+        names = {buffer.data_ptr(): name for name, buffer in executor.buffers.items()}
+    np.testing.assert_allclose(scheduled(x), expected, rtol=1e-4, atol=1e-5)
+    vendor = {kernel.id for kernel in scheduled.graph.kernels if kernel.tactic is not None}
+    assert sorted(folds) == sorted(vendor) and len(vendor) > 1
+    trailing = []  # the copies after the last kernel's upload event, by constant name
+    for entry in fake_cuda.log:
+        if entry[0] == "record" and entry[1] in uploads.values():
+            trailing = []
+        elif entry[0] == "copy":
+            trailing.append(names.get(entry[1]))
+    unfolded = {kernel.inputs[kernel.vendor_op.weight].name for kernel in scheduled.graph.kernels
+                if kernel.id in vendor and len(executor.vendor_arguments[kernel.id]) > len(kernel.inputs) + 1}
+    assert unfolded and unfolded <= set(trailing)
+    scheduled.close()
+    np.testing.assert_allclose(scheduled(x), expected, rtol=1e-4, atol=1e-5)
+    rescheduled = scheduled.reschedule("sequential", cost="analytic", executor="streams")
+    np.testing.assert_allclose(rescheduled(x), expected, rtol=1e-4, atol=1e-5)
+    assert sorted(folds) == sorted(vendor)
+
+
 def test_a_library_is_opened_once_per_thread(standin):
     """Selection and every executor of a thread share one instance; another thread opens its own."""
     first = library.shared_library(StandIn)
@@ -267,8 +305,18 @@ def test_a_build_with_tactics_saves_loads_and_refuses_another_version(fake_cuda,
     loaded = tvmsched.load(scheduled.save(tmp_path / "build"))
     assert list(library._SHARED) == [(StandIn, threading.get_ident())]  # load started opening it
     assert loaded.graph == scheduled.graph and loaded.graph.hash != model.graph.hash
+    # the folded weights were saved with the build: loading and running it folds nothing
+    assert set(loaded.folded) == set(scheduled.folded_weights())
+    assert any(arrays for _, arrays in loaded.folded.values())
+    for key, (vendor_op, arrays) in loaded.folded.items():
+        assert vendor_op == scheduled.folded[key][0]
+        for got, want in zip(arrays, scheduled.folded[key][1], strict=True):
+            np.testing.assert_array_equal(got, want)
+    from tvmsched.executor import base
     StandIn.launched.clear()
-    np.testing.assert_array_equal(loaded(x), expected)
+    with monkeypatch.context() as patch:
+        patch.setattr(base, "vendor_call", None)
+        np.testing.assert_array_equal(tvmsched.load(tmp_path / "build")(x), expected)
     assert StandIn.launched and StandIn.opened == 2  # selection's, then load's for its executor
     monkeypatch.setattr(StandIn, "version", staticmethod(lambda: "2.0"))
     with pytest.raises(ArtifactError, match="chose its standin plans with version 1.0, this is 2.0"):

@@ -17,12 +17,21 @@ def test_constants_round_trip_aligned_and_mapped_read_only(tmp_path):
     constants = {"w": rng.standard_normal((3, 5, 7)).astype("float32"), "scalar": np.array(2.5, "float64"),
                  "empty": np.zeros((0, 4), "int64"), "half": rng.standard_normal(9).astype("float16"),
                  "flags": np.array([True, False])}
-    placed = weights.layout(constants)
+    folded = {(3, None): [rng.standard_normal((2, 2)).astype("float32"), np.ones(2, "float64")],
+              (5, 1): [np.arange(3, dtype="float16")]}
+    index = weights.layout(constants, folded)
+    placed = index.constants + index.folded
     assert all(entry.offset % weights.ALIGNMENT == 0 for entry in placed)
-    assert len({entry.offset for entry in placed if constants[entry.name].size}) == 4  # none overlap
-    weights.write_binary(tmp_path / weights.BINARY, constants, placed)
-    (tmp_path / weights.INDEX).write_text(json.dumps(weights.index_json(placed)))
-    read = weights.read(tmp_path)
+    assert len({entry.offset for entry in placed if entry.shape != (0, 4)}) == 7  # none overlap
+    weights.write_binary(tmp_path / weights.BINARY, index, constants, folded)
+    (tmp_path / weights.INDEX).write_text(json.dumps(index.to_json()))
+    read, read_folded = weights.read(tmp_path)
+    assert list(read_folded) == list(folded)
+    for key, arrays in folded.items():
+        assert [array.dtype for array in read_folded[key]] == [array.dtype for array in arrays]
+        for got, want in zip(read_folded[key], arrays):
+            np.testing.assert_array_equal(got, want)
+            assert got.base is read["w"].base  # one mapping
     assert list(read) == list(constants)
     for name, array in constants.items():
         assert read[name].dtype == array.dtype and read[name].shape == array.shape
@@ -63,9 +72,9 @@ def test_a_build_that_kept_constants_npz_still_loads(tmp_path, branchy_model):
 @pytest.mark.parametrize("edit", [{"offset": -4096}, {"offset": 8}, {"dtype": "|O"}, {"shape": [-1]}])
 def test_an_index_that_places_a_constant_impossibly_is_refused(tmp_path, edit):
     constants = {"w": np.ones((4, 4), "float32")}
-    placed = weights.layout(constants)
-    weights.write_binary(tmp_path / weights.BINARY, constants, placed)
-    index = weights.index_json(placed)
+    index = weights.layout(constants)
+    weights.write_binary(tmp_path / weights.BINARY, index, constants)
+    index = index.to_json()
     index["constants"][0].update(edit)
     (tmp_path / weights.INDEX).write_text(json.dumps(index))
     with pytest.raises(ValueError, match="places constant 'w' impossibly"):
@@ -79,3 +88,24 @@ def test_an_edited_index_fails_the_digest_check(tmp_path, branchy_model):
     (build / weights.INDEX).write_text(json.dumps(index))
     with pytest.raises(ArtifactError, match="weights.json' is corrupt or was replaced"):
         tvmsched.load(build)
+
+
+def test_the_mapped_weights_are_page_locked_until_the_mapping_is_freed(tmp_path, fake_cuda):
+    """`pinned.pin_mapping` registers the one mapping the arrays view, read-only, and undoes it when the
+    mapping is freed; arrays that view no mapping (a build in memory) are left as they are."""
+    import gc
+
+    from tvmsched.pinned import pin_mapping
+
+    constants = {"w": np.ones((64, 64), "float32"), "b": np.arange(5, dtype="int64")}
+    index = weights.layout(constants)
+    weights.write_binary(tmp_path / weights.BINARY, index, constants)
+    (tmp_path / weights.INDEX).write_text(json.dumps(index.to_json()))
+    read, _ = weights.read(tmp_path)
+    mapping = read["w"].base
+    assert pin_mapping(read)
+    assert fake_cuda.registered == {mapping.ctypes.data: (tmp_path / weights.BINARY).stat().st_size}
+    del read, mapping
+    gc.collect()
+    assert fake_cuda.registered == {}
+    assert not pin_mapping(constants) and fake_cuda.registered == {}

@@ -30,11 +30,13 @@ from tvmsched.layout import chosen
 from tvmsched.lower import LoweredModule, kernel_module, lower
 from tvmsched.merge import Merged
 from tvmsched.merge_choice import MergeChoice
+from tvmsched.pinned import pin_mapping
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.precision import PRECISIONS
 from tvmsched.rewrite import MERGES, rewrite
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics import tail
+from tvmsched.tactics.affine import vendor_call, vendor_op_of
 from tvmsched.tactics.in_plan import choose_in_plan
 from tvmsched.tactics.library import open_in_background
 from tvmsched.tactics.select import MODES, Selection, select_tactics
@@ -318,19 +320,26 @@ class CompiledModel:
     `load` make a CPU build's executor (also where it is then only saved or rescheduled: one copy of the
     weights, tens of milliseconds), a GPU build's first call makes its own; `close()` (or leaving a `with`
     block) releases it, and a later call makes a new one.
+
+    A new GPU executor uploads the weights on a stream of its own; with `pipelined` its first inference
+    starts at once, each kernel waiting for its own weights alone, else after the last upload. The vendor
+    plans' folded weights are kept (`folded`) for the model's next executor.
     """
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan, constants: dict[str, np.ndarray],
-                 meta: ModelMeta, executor: str | None = None, selection: Selection | None = None):
+                 meta: ModelMeta, executor: str | None = None, selection: Selection | None = None,
+                 pipelined: bool = True, folded: dict | None = None):
         self.library = library
         self.graph = graph
         self.plan = plan
         self.constants = constants
         self.meta = meta
         self.executor_name = executor or default_executor(meta.target)
+        self.pipelined = pipelined
         self._executor = None
         self._lock = threading.Lock()
         self.selection = selection  # what tactic selection measured, on a fresh compile
+        self.folded = {} if folded is None else folded  # vendor plans' folded weights, for the next executor
 
     def reschedule(self, schedule: str, max_streams: int = 8, executor: str | None = None,
                    cost: str | None = None, **schedule_options) -> CompiledModel:
@@ -348,12 +357,12 @@ class CompiledModel:
                 tvm_ms = self.selection.tvm_ms if self.selection else {}
                 plan = choose_in_plan(self.graph, plan, cost_model, tvm_ms)
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor,
-                             self.selection)
+                             self.selection, self.pipelined, self.folded)
 
     def with_meta(self, meta: ModelMeta) -> CompiledModel:
         """The same build, described by `meta`."""
         return CompiledModel(self.library, self.graph, self.plan, self.constants, meta, self.executor_name,
-                             self.selection)
+                             self.selection, self.pipelined, self.folded)
 
     def close(self) -> None:
         """Close the executor, if one was made (destroying its CUDA streams, events and graph), and drop it
@@ -399,7 +408,8 @@ class CompiledModel:
         needs a device); use it inside `exclusive()`."""
         if self._executor is None:
             self._executor = create_executor(self.executor_name, self.library, self.graph, self.plan,
-                                             self.constants, device_for(self.meta.target))
+                                             self.constants, device_for(self.meta.target), self.folded,
+                                             self.pipelined)
         return self._executor
 
     @contextmanager
@@ -478,6 +488,15 @@ class CompiledModel:
 
         return profile(self, repeat)
 
+    def folded_weights(self) -> dict:
+        """`folded`, completed with every kernel that has a tactic: (kernel, split) -> (VendorOp, arrays)
+        (`tactics.affine.vendor_call`)."""
+        for kernel in self.graph.kernels:
+            if kernel.tactic is not None and (kernel.id, kernel.tactic.split) not in self.folded:
+                self.folded[kernel.id, kernel.tactic.split] = vendor_call(kernel, self.constants.__getitem__,
+                                                                          kernel.tactic.split)
+        return self.folded
+
     def save(self, directory: str | Path) -> Path:
         """Write model.so, the weights (`tvmsched.weights`), graph.json, plan.json, then meta.json with the
         digests of the library and the weights.
@@ -488,10 +507,11 @@ class CompiledModel:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         _write_atomically(directory / "model.so", lambda path: self.library.export_library(str(path)))
-        placed = weights.layout(self.constants)
+        folded = {key: arrays for key, (_, arrays) in self.folded_weights().items()}
+        index = weights.layout(self.constants, folded)
         _write_atomically(directory / weights.BINARY,
-                          lambda path: weights.write_binary(path, self.constants, placed))
-        _write_json(directory / weights.INDEX, weights.index_json(placed))
+                          lambda path: weights.write_binary(path, index, self.constants, folded))
+        _write_json(directory / weights.INDEX, index.to_json())
         (directory / weights.ARCHIVE).unlink(missing_ok=True)  # an older save's weights
         _write_json(directory / "graph.json", self.graph.to_json())
         _write_json(directory / "plan.json", self.plan.to_json())
@@ -501,10 +521,12 @@ class CompiledModel:
 
 
 def load(directory: str | Path, executor: str | None = None, batch: int | None = None,
-         force: bool = False, constant_inputs: dict[str, np.ndarray] | None = None) -> CompiledModel:
+         force: bool = False, constant_inputs: dict[str, np.ndarray] | None = None,
+         pipelined: bool = True) -> CompiledModel:
     """Load a saved build. Refuses, unless `force`, one made by another TVM version or for another GPU or
     CPU than this machine's; always refuses one made for another `batch` (when given) or with other values
-    of its constant inputs (those in `constant_inputs`): rebuild for that."""
+    of its constant inputs (those in `constant_inputs`): rebuild for that. A CUDA build's mapped weights are
+    page-locked (`tvmsched.pinned`); `pipelined`: see `CompiledModel`."""
     directory = Path(directory)
     stored = weights.files(directory)
     digested = ("model.so", *stored)
@@ -531,12 +553,24 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
             raise ArtifactError(f"'{directory / name}' is corrupt or was replaced (its digest differs from "
                                 f"meta.json); rebuild the model")
     try:
-        constants = weights.read(directory)
+        constants, folded = weights.read(directory)
         library = tvm.runtime.load_module(str(directory / "model.so"))
     except Exception as error:  # zipfile, numpy, the weights and TVM each raise their own types
         raise ArtifactError(f"'{directory}' has a corrupt file ({type(error).__name__}: {error}); "
                             f"rebuild it") from error
-    return _ready(CompiledModel(library, graph, plan, constants, meta, executor))
+    if meta.target.kind == "cuda":
+        pin_mapping(constants)
+    ops = {(kernel.id, kernel.tactic.split): kernel for kernel in graph.kernels if kernel.tactic is not None}
+    if set(folded) - set(ops):
+        raise ArtifactError(f"'{directory / weights.INDEX}' holds folded weights of kernels without a vendor "
+                            f"plan; rebuild the model")
+    calls = {}  # the saved folds, and the plans that fold nothing; a build saved without them folds later
+    for key, kernel in ops.items():
+        vendor_op = vendor_op_of(kernel, key[1])
+        if key in folded or vendor_op.weight < len(kernel.inputs):  # a folded weight follows the parameters
+            calls[key] = (vendor_op, folded.get(key, []))
+    return _ready(CompiledModel(library, graph, plan, constants, meta, executor, pipelined=pipelined,
+                                folded=calls))
 
 
 def _check_constant_inputs(directory: Path, meta: ModelMeta, values: dict[str, np.ndarray]) -> None:

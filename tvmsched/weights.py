@@ -3,6 +3,10 @@ a page, and an index of names, dtypes, shapes and offsets (`weights.json`). Load
 makes each constant a read-only view of it: nothing is copied, and a page is read from disk only when a
 kernel's weights are first used (uploaded to the device). Builds before it kept `constants.npz`, which
 loads as before.
+
+The same file holds the vendor plans' folded weights (`tactics.affine`), by kernel and split, in a section
+of their own (`folded`), so that a load folds nothing and uploads them from the same mapping; a build
+saved without them (before them, or for the CPU) folds at its first executor.
 """
 
 from __future__ import annotations
@@ -35,26 +39,58 @@ class Placed:
         return cls(data["name"], data["dtype"], tuple(data["shape"]), data["offset"])
 
 
-def layout(constants: dict[str, np.ndarray]) -> tuple[Placed, ...]:
-    """Each constant's place in the binary file, in the dict's order, each at the next aligned offset."""
-    placed, offset = [], 0
-    for name, array in constants.items():
-        placed.append(Placed(name, array.dtype.str, tuple(array.shape), offset))
-        offset += -(-array.nbytes // ALIGNMENT) * ALIGNMENT
-    return tuple(placed)
+Folded = dict[tuple[int, "int | None"], list[np.ndarray]]  # by (kernel, split): its plan's folded weights
 
 
-def index_json(placed: tuple[Placed, ...]) -> dict:
-    return {"schema": SCHEMA, "constants": [entry.to_json() for entry in placed]}
+@dataclass(frozen=True)
+class Index:
+    """Where each constant and each folded weight (named `kernel/split/position`) lies in the file."""
+
+    constants: tuple[Placed, ...]
+    folded: tuple[Placed, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "constants": [entry.to_json() for entry in self.constants],
+                "folded": [entry.to_json() for entry in self.folded]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Index:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"{INDEX} schema {data.get('schema')} is not {SCHEMA}")
+        return cls(*(tuple(Placed.from_json(entry) for entry in data.get(section, ()))
+                     for section in ("constants", "folded")))
 
 
-def write_binary(path: Path, constants: dict[str, np.ndarray], placed: tuple[Placed, ...]) -> None:
-    """Write the constants' bytes at their places (`layout`), zeros between them."""
+def _folded_arrays(folded: Folded) -> dict[str, np.ndarray]:
+    return {f"{kernel}/{split}/{position}": array for (kernel, split), arrays in folded.items()
+            for position, array in enumerate(arrays)}
+
+
+def layout(constants: dict[str, np.ndarray], folded: Folded | None = None) -> Index:
+    """Each constant's place in the binary file, in the dict's order, then each folded weight's, each at the
+    next aligned offset."""
+    offset, sections = 0, []
+    for arrays in (constants, _folded_arrays(folded or {})):
+        placed = []
+        for name, array in arrays.items():
+            placed.append(Placed(name, array.dtype.str, tuple(array.shape), offset))
+            offset += -(-array.nbytes // ALIGNMENT) * ALIGNMENT
+        sections.append(tuple(placed))
+    return Index(*sections)
+
+
+def write_binary(path: Path, index: Index, constants: dict[str, np.ndarray],
+                 folded: Folded | None = None) -> None:
+    """Write the constants' and folded weights' bytes at their places (`layout`), zeros between them."""
+    arrays = {**{("constant", name): array for name, array in constants.items()},
+              **{("folded", name): array for name, array in _folded_arrays(folded or {}).items()}}
+    entries = [(entry, arrays["constant", entry.name]) for entry in index.constants] + [
+        (entry, arrays["folded", entry.name]) for entry in index.folded]
     with open(path, "wb") as file:
-        for entry in placed:
+        for entry, array in entries:
             file.seek(entry.offset)
-            file.write(np.ascontiguousarray(constants[entry.name]).tobytes())
-        file.truncate(max((entry.offset + constants[entry.name].nbytes for entry in placed), default=0))
+            file.write(np.ascontiguousarray(array).tobytes())
+        file.truncate(max((entry.offset + array.nbytes for entry, array in entries), default=0))
 
 
 def files(directory: Path) -> tuple[str, ...]:
@@ -64,25 +100,29 @@ def files(directory: Path) -> tuple[str, ...]:
     return (ARCHIVE,) if legacy else (BINARY, INDEX)
 
 
-def read(directory: Path) -> dict[str, np.ndarray]:
-    """The constants of a build directory as read-only arrays mapped from its binary file, or read from
-    `constants.npz` in a build made before the binary file."""
+def read(directory: Path) -> tuple[dict[str, np.ndarray], Folded]:
+    """The constants of a build directory and its folded weights, as read-only arrays mapped from its binary
+    file; in a build made before the binary file, the constants read from `constants.npz` and none."""
     if files(directory) == (ARCHIVE,):
         with np.load(directory / ARCHIVE) as archive:
-            return {name: archive[name] for name in archive.files}
-    index = json.loads((directory / INDEX).read_text())
-    if index.get("schema") != SCHEMA:
-        raise ValueError(f"{INDEX} schema {index.get('schema')} is not {SCHEMA}")
-    placed = [Placed.from_json(entry) for entry in index["constants"]]
+            return {name: archive[name] for name in archive.files}, {}
+    index = Index.from_json(json.loads((directory / INDEX).read_text()))
     size = (directory / BINARY).stat().st_size
     mapped = np.memmap(directory / BINARY, dtype=np.uint8, mode="r") if size else np.empty(0, np.uint8)
-    arrays = {}
-    for entry in placed:
-        dtype = np.dtype(entry.dtype)
-        if dtype.kind not in "biuf" or not dtype.isnative or entry.offset < 0 or entry.offset % ALIGNMENT \
-                or any(dim < 0 for dim in entry.shape):
-            raise ValueError(f"{INDEX} places constant '{entry.name}' impossibly ({entry.to_json()})")
-        if entry.offset + int(np.prod(entry.shape, dtype=np.int64)) * dtype.itemsize > size:
-            raise ValueError(f"{BINARY} ends before constant '{entry.name}'")
-        arrays[entry.name] = np.ndarray(entry.shape, dtype, buffer=mapped, offset=entry.offset)
-    return arrays
+    constants = {entry.name: _view(mapped, entry, size) for entry in index.constants}
+    folded: Folded = {}
+    for entry in index.folded:
+        kernel, split, _ = entry.name.split("/")
+        folded.setdefault((int(kernel), None if split == "None" else int(split)), []).append(
+            _view(mapped, entry, size))
+    return constants, folded
+
+
+def _view(mapped: np.ndarray, entry: Placed, size: int) -> np.ndarray:
+    dtype = np.dtype(entry.dtype)
+    if dtype.kind not in "biuf" or not dtype.isnative or entry.offset < 0 or entry.offset % ALIGNMENT \
+            or any(dim < 0 for dim in entry.shape):
+        raise ValueError(f"{INDEX} places constant '{entry.name}' impossibly ({entry.to_json()})")
+    if entry.offset + int(np.prod(entry.shape, dtype=np.int64)) * dtype.itemsize > size:
+        raise ValueError(f"{BINARY} ends before constant '{entry.name}'")
+    return np.ndarray(entry.shape, dtype, buffer=mapped, offset=entry.offset)

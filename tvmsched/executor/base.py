@@ -20,8 +20,19 @@ from tvmsched.registry import registrar
 from tvmsched.tactics.affine import vendor_call
 from tvmsched.tactics.library import Launcher, Tactic, VendorLibrary, open_library
 from tvmsched.tactics.tail import tail_symbol
+from tvmsched.tactics.vendor_op import VendorOp
 
 EXECUTORS: dict[str, type[Executor]] = {}
+
+
+@dataclass(frozen=True)
+class VendorCall:
+    """What a kernel's vendor plan computes (`tactics.affine.vendor_call`): its VendorOp, and the folded
+    weights it reads after the kernel's parameters, on the host and in their device buffers."""
+
+    vendor_op: VendorOp
+    arrays: tuple[np.ndarray, ...]
+    buffers: tuple[tvm.runtime.Tensor, ...]
 
 
 @dataclass(frozen=True)
@@ -46,11 +57,12 @@ register_executor = registrar(EXECUTORS)  # class decorator: @register_executor(
 
 
 def create_executor(name: str, library, graph: KernelGraph, plan: ExecutionPlan,
-                    constants: dict[str, np.ndarray], device: tvm.runtime.Device) -> Executor:
+                    constants: dict[str, np.ndarray], device: tvm.runtime.Device, folded: dict | None = None,
+                    pipelined: bool = True) -> Executor:
     if name not in EXECUTORS:
         raise TargetError(f"unknown executor '{name}'; available: {', '.join(sorted(EXECUTORS))}")
     plan.validate(graph)
-    return EXECUTORS[name](library, graph, plan, constants, device)
+    return EXECUTORS[name](library, graph, plan, constants, device, folded=folded, pipelined=pipelined)
 
 
 class Executor(ABC):
@@ -61,20 +73,28 @@ class Executor(ABC):
     Each kernel has a launcher, called with the stream to issue it on (None: the device's default stream):
     TVM's function, or its tactic's vendor plan, on the kernel's buffers.
     Input buffers start as zeros, not as whatever the allocator hands back: an executor may launch the plan
-    before the first inputs arrive (the CUDA graph's warm-up), and garbage indices would fault on the GPU.
-    Constants given as numpy arrays are uploaded; ones given as tensors already on the device are shared.
+    before the first inputs arrive, and garbage indices would fault on the GPU.
+    Constants given as numpy arrays are uploaded (`upload`), each kernel's in the order the plan first reads
+    them, before the launchers are made; ones given as tensors already on the device are shared. A vendor
+    plan's folded weights (`tactics.affine`) are taken from `folded`, a cache by kernel that the executor
+    fills with what it folds, so that the model's next executor folds nothing. `pipelined` (executors with
+    streams): the first inference's kernels each wait for their own weights alone, so that the transfer
+    overlaps the computation; otherwise every upload ends before the first inference starts.
     """
 
     name = "executor"
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan,
-                 constants: dict[str, np.ndarray | tvm.runtime.Tensor], device: tvm.runtime.Device):
+                 constants: dict[str, np.ndarray | tvm.runtime.Tensor], device: tvm.runtime.Device,
+                 folded: dict | None = None, pipelined: bool = True):
         self.library = library
         self.graph = graph
         self.plan = plan
         self.device = device
+        self.pipelined = pipelined
+        host = {name: value for name, value in constants.items() if isinstance(value, np.ndarray)}
         self.buffers: dict[str, tvm.runtime.Tensor] = {
-            name: value if isinstance(value, tvm.runtime.Tensor) else tvm.runtime.tensor(value, device)
+            name: value if name not in host else tvm.runtime.empty(value.shape, str(value.dtype), device)
             for name, value in constants.items()}
         for tensor in graph.inputs:
             self.buffers[tensor.name] = tvm.runtime.empty(tensor.shape, tensor.dtype, device)
@@ -87,45 +107,88 @@ class Executor(ABC):
         self.resources = ExitStack()  # releases what the vendor launchers made (and subclasses' own)
         self.libraries: dict[str, VendorLibrary] = {}
         self.vendor_arguments: dict[int, list] = {}  # by kernel: what its plan reads, folded weights too
-        host = {name: value for name, value in constants.items() if isinstance(value, np.ndarray)}
         try:
-            self.launchers = {kernel.id: self._launcher(kernel, host) for kernel in graph.kernels}
+            calls = {kernel.id: self._folded_call(kernel, host, {} if folded is None else folded)
+                     for kernel in graph.kernels if kernel.implementation_in(plan.tvm_kernels) != "tvm"}
+            self.upload(self._upload_order(host, calls))
+            self.launchers = {kernel.id: self._launcher(kernel, calls.get(kernel.id))
+                              for kernel in graph.kernels}
         except BaseException:
             self.resources.close()
             raise
 
-    def _launcher(self, kernel: Kernel, host: dict[str, np.ndarray]) -> Launcher:
+    def _folded_call(self, kernel: Kernel, host: dict[str, np.ndarray], folded: dict) -> VendorCall:
+        """The kernel's tactic's `VendorCall`, its folded weights from `folded` (or folded now, from the
+        `host` constants where given, else read from the device, and kept there) in new device buffers."""
+        key = (kernel.id, kernel.tactic.split)
+        if key not in folded:
+            folded[key] = vendor_call(kernel, lambda name: host[name] if name in host else
+                                      self.buffers[name].numpy(), kernel.tactic.split)
+        vendor_op, arrays = folded[key]
+        return VendorCall(vendor_op, tuple(arrays), tuple(tvm.runtime.empty(array.shape, str(array.dtype),
+                                                                            self.device) for array in arrays))
+
+    def _upload_order(self, host: dict[str, np.ndarray], calls: dict[int, VendorCall]
+                      ) -> list[tuple[int | None, list[tuple[np.ndarray, tvm.runtime.Tensor]]]]:
+        """Per kernel in the plan's order, the (host value, device buffer) pairs of the weights it reads
+        that no kernel before it reads; last, under None, the constants no kernel of the plan reads."""
+        order, done = [], set()
+        for launch in self.plan.launches:
+            kernel = self.graph.kernels[launch.kernel]
+            call = calls.get(kernel.id)
+            read = kernel.inputs if call is None or kernel.tactic.split is not None else [
+                kernel.inputs[position] for position in call.vendor_op.parameters
+                if position < len(kernel.inputs)]
+            names = [tensor.name for tensor in read if tensor.name in host and tensor.name not in done]
+            done.update(names)
+            pairs = [(host[name], self.buffers[name]) for name in dict.fromkeys(names)]
+            order.append((kernel.id, pairs + (list(zip(call.arrays, call.buffers)) if call else [])))
+        order.append((None, [(host[name], self.buffers[name]) for name in host if name not in done]))
+        return order
+
+    def upload(self, order: list[tuple[int | None, list[tuple[np.ndarray, tvm.runtime.Tensor]]]]) -> None:
+        """Copy each host value of `_upload_order` into its device buffer; here one after another, each
+        waited for."""
+        for _, pairs in order:
+            for value, buffer in pairs:
+                buffer.copyfrom(value)
+
+    def _launcher(self, kernel: Kernel, call: VendorCall | None) -> Launcher:
         """The kernel on its buffers (inputs, outputs, workspace): TVM's function (where it has no tactic,
-        or the plan runs TVM's for it) or the tactic's plan (its folded weights, `tactics.affine`, from the
-        `host` constants where given, else read from the device)."""
+        or the plan runs TVM's for it) or the tactic's plan for `call`."""
         workspace = [self.buffers[tensor.name] for tensor in kernel.workspace]
-        if kernel.implementation_in(self.plan.tvm_kernels) == "tvm":
+        if call is None:
             arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
             tvm_workspace = workspace[:len(kernel.tvm_workspace)]
             return tvm_launcher(self.device, self.library[kernel.symbol], arguments + tvm_workspace)
         tactic = kernel.tactic
         if tactic.library not in self.libraries:
             self.libraries[tactic.library] = open_library(tactic)
-        return self.tactic_launcher(kernel, tactic, self.libraries[tactic.library],
-                                    lambda name: host[name] if name in host else self.buffers[name].numpy(),
+        return self.tactic_launcher(kernel, tactic, self.libraries[tactic.library], call,
                                     *workspace[len(kernel.tvm_workspace):])
 
-    def tactic_launcher(self, kernel: Kernel, tactic: Tactic, library: VendorLibrary,
-                        value: Callable[[str], np.ndarray], *workspace: tvm.runtime.Tensor) -> Launcher:
-        """`tactic`'s plan from `library` on the kernel's buffers, its folded weights (`tactics.affine`) made
-        from the constants' host values `value(name)`, with `workspace` as `tactics.tail.workspace` lists it:
-        the plan's (where it needs one), then a split's head value, which the plan writes and the kernel's
-        tail function reads, both on the launcher's stream."""
+    def uploaded_call(self, kernel: Kernel, tactic: Tactic, value: Callable[[str], np.ndarray]) -> VendorCall:
+        """`tactic`'s `VendorCall` for the kernel, its weights folded from the constants' host values
+        `value(name)` and uploaded now."""
+        vendor_op, arrays = vendor_call(kernel, value, tactic.split)
+        return VendorCall(vendor_op, tuple(arrays), tuple(tvm.runtime.tensor(array, self.device)
+                                                           for array in arrays))
+
+    def tactic_launcher(self, kernel: Kernel, tactic: Tactic, library: VendorLibrary, call: VendorCall,
+                        *workspace: tvm.runtime.Tensor) -> Launcher:
+        """`tactic`'s plan from `library` on the kernel's buffers and `call`'s folded weights, with
+        `workspace` as `tactics.tail.workspace` lists it: the plan's (where it needs one), then a split's
+        head value, which the plan writes and the kernel's tail function reads, both on the launcher's
+        stream."""
         arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
-        vendor_op, folded = vendor_call(kernel, value, tactic.split)
         head = workspace[-1] if tactic.split is not None else None  # a split: the plan writes, the tail reads
         tail_arguments = [head, *arguments]
         if head is not None:
-            arguments[vendor_op.output] = head
-        arguments += [tvm.runtime.tensor(array, self.device) for array in folded]
+            arguments[call.vendor_op.output] = head
+        arguments += call.buffers
         self.vendor_arguments[kernel.id] = arguments
-        plan = library.launcher(vendor_op, tactic.plan, arguments, workspace[0] if tactic.workspace else None,
-                                self.resources)
+        plan = library.launcher(call.vendor_op, tactic.plan, arguments,
+                                workspace[0] if tactic.workspace else None, self.resources)
         if head is None:
             return plan
         tail = tvm_launcher(self.device, self.library[tail_symbol(kernel.symbol)], tail_arguments)

@@ -39,16 +39,47 @@ class StreamsExecutor(Executor):
     """Launches live on several CUDA streams with event waits: no capture, for debugging."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
         self.cudart = cuda.runtime()
+        self.closed = False
+        self.uploads: dict[int, object] = {}  # the first inference's waits: by kernel, its weights' event
+        self.sources: list = []  # the host values being copied, kept alive until the copies end
+        self.warmed = False  # whether the plan was issued once (every kernel's module loaded)
+        super().__init__(*args, **kwargs)
         _check_cuda_device(self.device, self.name)
         self.waited_on = _waited_on(self.plan.launches)
-        self.closed = False
         with self._closed_on_error():
             self.streams = [cuda.stream(self.resources) for _ in range(self.plan.num_streams)]
             self.events = {kernel: cuda.event(self.resources) for kernel in self.waited_on}
             self.fork_event = cuda.event(self.resources)
             self.join_events = [cuda.event(self.resources) for _ in self.streams[1:]]
+
+    def upload(self, order) -> None:
+        """Copy the weights on a stream of their own, in `order`, each kernel's followed by an event that
+        the kernel waits on in the first inference (`pipelined`; else the copies end here). From a
+        page-locked file mapping (`tvmsched.pinned`) the copies run at the link's speed and the host does not
+        wait for them; from pageable memory each waits for the driver's staging."""
+        _check_cuda_device(self.device, self.name)
+        self.copy_stream = cuda.stream(self.resources)
+        self.resources.callback(self.finish_uploads)  # closing waits for copies in flight (LIFO: first)
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        for kernel, pairs in order:
+            for value, buffer in pairs:
+                source = np.ascontiguousarray(value)
+                if source.nbytes:
+                    self.sources.append(source)
+                    check(self.cudart.cudaMemcpyAsync(buffer.data_ptr(), source.ctypes.data, source.nbytes,
+                                                      kind, self.copy_stream))
+            if kernel is not None and pairs and self.pipelined:
+                self.uploads[kernel] = cuda.event(self.resources)
+                check(self.cudart.cudaEventRecord(self.uploads[kernel], self.copy_stream))
+        if not self.pipelined:
+            self.finish_uploads()
+
+    def finish_uploads(self) -> None:
+        """Wait until every weight is on the device; the first inference's waits are then dropped."""
+        if self.sources or self.uploads:
+            check(self.cudart.cudaStreamSynchronize(self.copy_stream))
+        self.sources, self.uploads = [], {}
 
     def close(self) -> None:
         """Destroy the executor's CUDA graphs, events and streams; it cannot run afterwards. A second call
@@ -64,6 +95,11 @@ class StreamsExecutor(Executor):
         except BaseException:
             self.close()
             raise
+
+    @property
+    def device_constants(self) -> dict:
+        self.finish_uploads()
+        return super().device_constants
 
     @property
     def main_stream(self):
@@ -85,8 +121,11 @@ class StreamsExecutor(Executor):
             check(cudart.cudaStreamWaitEvent(stream, self.fork_event, 0))
         launches, waited_on = ((self.plan.launches, self.waited_on) if launches is None
                                else (launches, _waited_on(launches)))
+        uploads, self.uploads, self.warmed = self.uploads, {}, True  # waited on by the first issue alone
         for launch in launches:
             stream = self.streams[launch.stream]
+            if launch.kernel in uploads:
+                check(cudart.cudaStreamWaitEvent(stream, uploads[launch.kernel], 0))
             for producer in launch.waits:
                 check(cudart.cudaStreamWaitEvent(stream, self.events[producer], 0))
             if timing:
@@ -108,8 +147,13 @@ class StreamsExecutor(Executor):
         self.issue()
 
     def graph_executable(self, owner: ExitStack, launches: tuple[Launch, ...], **timing):
-        """An instantiated CUDA Graph of `launches`, recorded from stream 0 (`timing`: see `issue`); the
-        executable and its graph are destroyed when `owner` closes."""
+        """An instantiated CUDA Graph of `launches`, recorded from stream 0 (`timing`: see `issue`) once the
+        weights are on the device and the plan was issued live (which loads each kernel's module, not
+        allowed in a capture); the executable and its graph are destroyed when `owner` closes."""
+        if not self.warmed:
+            self.issue()
+        self.finish_uploads()
+        self.synchronize()
         return cuda.capture(owner, self.main_stream, lambda: self.issue(launches, **timing))
 
     @contextmanager
@@ -156,12 +200,16 @@ class CudaGraphExecutor(StreamsExecutor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        with self._closed_on_error():
-            self.issue()  # loads every kernel's module outside the capture
-            self.synchronize()
-            self.graph_exec = self.graph_executable(self.resources, self.plan.launches)
+        self.graph_exec = None
 
     def launch(self) -> None:
+        """The first inference is issued live (each kernel after its own weights' upload); the second
+        captures the plan, and every inference from then on is one launch of that graph."""
+        if self.graph_exec is None:
+            if not self.warmed:
+                self.issue()
+                return
+            self.graph_exec = self.graph_executable(self.resources, self.plan.launches)
         cuda.launch_graph(self.graph_exec, self.main_stream)
 
     def trace(self) -> list[TraceEvent]:

@@ -107,6 +107,6 @@ def _head(kernel: Kernel, split: int | None) -> tuple[VendorOp, list[int]]:
     """The kernel's VendorOp (its head of `split` epilogue ops) and the positions of the constant
     parameters it reads."""
     vendor_op = kernel.vendor_op if split is None else kernel.vendor_op.head(split)
-    read = {vendor_op.weight, *(op.operand for op in vendor_op.epilogue)}
+    read = set(vendor_op.parameters) - {vendor_op.data}
     return vendor_op, [position for position, tensor in enumerate(kernel.inputs)
                        if position in read and tensor.kind == "constant"]

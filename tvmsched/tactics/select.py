@@ -167,7 +167,8 @@ class _Selector:
         workspace = [tvm.runtime.empty(shape, dtype, timer.device)
                      for shape, dtype in tail.workspace(kernel, tactic)]
         try:
-            launch = timer.tactic_launcher(kernel, tactic, library, constants.__getitem__, *workspace)
+            call = timer.uploaded_call(kernel, tactic, constants.__getitem__)
+            launch = timer.tactic_launcher(kernel, tactic, library, call, *workspace)
             output.copyfrom(np.zeros(output.shape, output.dtype))
             launch(stream)
             timer.synchronize()

@@ -115,6 +115,11 @@ class VendorOp:
         types = {self.anchor.accumulate_dtype} | {op.dtype for op in self.epilogue if op.kind == "cast"}
         return bool(types - {self.out_dtype, "float32"})
 
+    @property
+    def parameters(self) -> tuple[int, ...]:
+        """The positions of the kernel parameters the op reads: data, weight and the epilogue's operands."""
+        return (self.data, self.weight, *(op.operand for op in self.epilogue if op.operand is not None))
+
     def head(self, count: int) -> VendorOp:
         """The anchor and the first `count` epilogue ops alone."""
         return replace(self, epilogue=self.epilogue[:count])
