@@ -202,3 +202,42 @@ def test_not_pipelined_every_weight_is_on_the_device_before_the_first_inference(
         assert sum(entry[0] == "copy" for entry in fake_cuda.log) == len(model.constants)
         np.testing.assert_array_equal(executor.run([x])[0], model(x))
 
+
+
+def test_a_kernel_whose_weights_an_earlier_kernel_uploaded_still_waits_for_them(fake_cuda):
+    """Two kernels on two streams, unordered, read one constant, copied with the first one's weights: the
+    second waits for an upload event too (it was issued with no wait at all)."""
+    from conftest import make_model
+    from conftest import tensor as value
+    from onnx import helper
+
+    from tvmsched.plan import make_plan
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 3, 3, 3)).astype("float32"),
+               "c": rng.standard_normal((1, 3, 1, 1)).astype("float32")}
+    nodes = [helper.make_node("Mul", ["input", "c"], ["m"]),
+             helper.make_node("Conv", ["m", "w"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["ra"]),
+             helper.make_node("Add", ["input", "c"], ["s"]),
+             helper.make_node("Sigmoid", ["s"], ["sb"])]
+    proto = make_model(nodes, [value("input", [1, 3, 8, 8])],
+                       [value("ra", [1, 8, 8, 8]), value("sb", [1, 3, 8, 8])], weights)
+    model = tvmsched.compile(proto, target="llvm", batch=1)
+    readers = {}
+    for kernel in model.graph.kernels:
+        for name in {tensor.name for tensor in kernel.inputs if tensor.kind == "constant"}:
+            readers.setdefault(name, []).append(kernel.id)
+    first, second = next(kernels for kernels in readers.values() if len(kernels) == 2)
+    rest = [kernel.id for kernel in model.graph.kernels if kernel.id not in (first, second)]
+    plan = make_plan(model.graph, [(first, 0), *((kernel, 0) for kernel in rest), (second, 1)], "manual")
+    assert not plan.launches[-1].waits
+    x = rng.standard_normal((1, 3, 8, 8)).astype("float32")
+    with StreamsExecutor(model.library, model.graph, plan, model.constants, tvm.cpu()) as executor:
+        uploads = dict(executor.uploads)
+        assert second in uploads and _copied_before(fake_cuda, executor, uploads[second]) >= {
+            tensor.name for tensor in model.graph.kernels[second].inputs if tensor.kind == "constant"}
+        start = len(fake_cuda.log)
+        for got, want in zip(executor.run([x]), model(x)):
+            np.testing.assert_array_equal(got, want)
+        assert ("wait", executor.streams[1], uploads[second]) in fake_cuda.log[start:]

@@ -229,19 +229,21 @@ def test_weights_are_folded_once_per_model_and_the_first_inference_waits_for_the
     [expected] = onnxruntime_outputs(network(), {"input": x})
     with scheduled.exclusive() as executor:
         uploads = dict(executor.uploads)
-        names = {buffer.data_ptr(): name for name, buffer in executor.buffers.items()}
     np.testing.assert_allclose(scheduled(x), expected, rtol=1e-4, atol=1e-5)
     vendor = {kernel.id for kernel in scheduled.graph.kernels if kernel.tactic is not None}
     assert sorted(folds) == sorted(vendor) and len(vendor) > 1
-    trailing = []  # the copies after the last kernel's upload event, by constant name
-    for entry in fake_cuda.log:
-        if entry[0] == "record" and entry[1] in uploads.values():
-            trailing = []
-        elif entry[0] == "copy":
-            trailing.append(names.get(entry[1]))
     unfolded = {kernel.inputs[kernel.vendor_op.weight].name for kernel in scheduled.graph.kernels
                 if kernel.id in vendor and len(executor.vendor_arguments[kernel.id]) > len(kernel.inputs) + 1}
-    assert unfolded and unfolded <= set(trailing)
+    assert unfolded and not unfolded & set(executor.buffers)  # replaced by folded weights: never uploaded
+    for kernel in vendor:  # the first inference waits for the kernel's folded weights
+        folded = {buffer.data_ptr() for buffer in executor.vendor_arguments[kernel][len(
+            scheduled.graph.kernels[kernel].inputs) + 1:]}
+        copied = set()
+        for entry in fake_cuda.log:
+            if entry[0] == "record" and entry[1] == uploads[kernel]:
+                break
+            copied |= {entry[1]} if entry[0] == "copy" else set()
+        assert folded <= copied
     scheduled.close()
     np.testing.assert_allclose(scheduled(x), expected, rtol=1e-4, atol=1e-5)
     rescheduled = scheduled.reschedule("sequential", cost="analytic", executor="streams")

@@ -102,6 +102,7 @@ class StandIn(VendorLibrary):
                                      vendor_op.name))
             if plan == "fails":
                 raise RuntimeError("the stand-in plan 'fails' failed")
-            value = compute(vendor_op, [argument.numpy() for argument in arguments])
+            value = compute(vendor_op, [None if argument is None else argument.numpy()  # None: not read
+                                        for argument in arguments])
             arguments[vendor_op.output].copyfrom(value + (1e-3 if plan == "off" else 0))
         return launch

@@ -36,7 +36,7 @@ from tvmsched.precision import PRECISIONS
 from tvmsched.rewrite import MERGES, rewrite
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics import tail
-from tvmsched.tactics.affine import vendor_call, vendor_op_of
+from tvmsched.tactics.affine import folds, vendor_call, vendor_op_of
 from tvmsched.tactics.in_plan import choose_in_plan
 from tvmsched.tactics.library import open_in_background
 from tvmsched.tactics.select import MODES, Selection, select_tactics
@@ -564,11 +564,9 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     if set(folded) - set(ops):
         raise ArtifactError(f"'{directory / weights.INDEX}' holds folded weights of kernels without a vendor "
                             f"plan; rebuild the model")
-    calls = {}  # the saved folds, and the plans that fold nothing; a build saved without them folds later
-    for key, kernel in ops.items():
-        vendor_op = vendor_op_of(kernel, key[1])
-        if key in folded or vendor_op.weight < len(kernel.inputs):  # a folded weight follows the parameters
-            calls[key] = (vendor_op, folded.get(key, []))
+    # the saved folds, and the plans that fold nothing; a build saved without them folds at its executor
+    calls = {key: (vendor_op_of(kernel, key[1]), folded.get(key, [])) for key, kernel in ops.items()
+             if key in folded or not folds(kernel, key[1])}
     return _ready(CompiledModel(library, graph, plan, constants, meta, executor, pipelined=pipelined,
                                 folded=calls))
 

@@ -1,8 +1,8 @@
 """A saved build's weights: every constant's bytes in one file (`weights.bin`), each at an offset aligned to
 a page, and an index of names, dtypes, shapes and offsets (`weights.json`). Loading maps the file and
-makes each constant a read-only view of it: nothing is copied, and a page is read from disk only when a
-kernel's weights are first used (uploaded to the device). Builds before it kept `constants.npz`, which
-loads as before.
+makes each constant a read-only view of it: nothing is copied, and a page is read from disk when it is
+first used (a CUDA build's whole mapping when `load` page-locks it, `tvmsched.pinned`). Builds before it
+kept `constants.npz`, which loads as before.
 
 The same file holds the vendor plans' folded weights (`tactics.affine`), by kernel and split, in a section
 of their own (`folded`), so that a load folds nothing and uploads them from the same mapping; a build

@@ -36,6 +36,17 @@ class VendorCall:
 
 
 @dataclass(frozen=True)
+class Uploads:
+    """A kernel's place in the upload order (`Executor._upload_order`): the (host value, device buffer)
+    copies made for it, and whether its first launch must wait for uploads (it reads a weight uploaded,
+    here or for an earlier kernel); kernel None: copies no kernel of the plan waits for."""
+
+    kernel: int | None
+    copies: list[tuple[np.ndarray, tvm.runtime.Tensor]]
+    waits: bool
+
+
+@dataclass(frozen=True)
 class TraceEvent:
     """When one kernel ran in a traced inference, in milliseconds on one clock."""
 
@@ -75,7 +86,8 @@ class Executor(ABC):
     Input buffers start as zeros, not as whatever the allocator hands back: an executor may launch the plan
     before the first inputs arrive, and garbage indices would fault on the GPU.
     Constants given as numpy arrays are uploaded (`upload`), each kernel's in the order the plan first reads
-    them, before the launchers are made; ones given as tensors already on the device are shared. A vendor
+    them, before the launchers are made, and only those the plan reads; ones given as tensors already on
+    the device are shared. A vendor
     plan's folded weights (`tactics.affine`) are taken from `folded`, a cache by kernel that the executor
     fills with what it folds, so that the model's next executor folds nothing. `pipelined` (executors with
     streams): the first inference's kernels each wait for their own weights alone, so that the transfer
@@ -83,6 +95,7 @@ class Executor(ABC):
     """
 
     name = "executor"
+    keeps_every_constant = False  # a constant no kernel of the plan reads gets no device buffer
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan,
                  constants: dict[str, np.ndarray | tvm.runtime.Tensor], device: tvm.runtime.Device,
@@ -94,8 +107,7 @@ class Executor(ABC):
         self.pipelined = pipelined
         host = {name: value for name, value in constants.items() if isinstance(value, np.ndarray)}
         self.buffers: dict[str, tvm.runtime.Tensor] = {
-            name: value if name not in host else tvm.runtime.empty(value.shape, str(value.dtype), device)
-            for name, value in constants.items()}
+            name: value for name, value in constants.items() if name not in host}  # shared; `host`: uploaded
         for tensor in graph.inputs:
             self.buffers[tensor.name] = tvm.runtime.empty(tensor.shape, tensor.dtype, device)
             self.buffers[tensor.name].copyfrom(np.zeros(tensor.shape, tensor.dtype))
@@ -128,10 +140,12 @@ class Executor(ABC):
         return VendorCall(vendor_op, tuple(arrays), tuple(tvm.runtime.empty(array.shape, str(array.dtype),
                                                                             self.device) for array in arrays))
 
-    def _upload_order(self, host: dict[str, np.ndarray], calls: dict[int, VendorCall]
-                      ) -> list[tuple[int | None, list[tuple[np.ndarray, tvm.runtime.Tensor]]]]:
-        """Per kernel in the plan's order, the (host value, device buffer) pairs of the weights it reads
-        that no kernel before it reads; last, under None, the constants no kernel of the plan reads."""
+    def _upload_order(self, host: dict[str, np.ndarray], calls: dict[int, VendorCall]) -> list[Uploads]:
+        """Per kernel in the plan's order, the copies of the weights it reads that no kernel before it
+        reads, each constant's buffer made here, and whether it reads any weight uploaded (its own or an
+        earlier kernel's); last, under None, the constants no kernel of the plan reads that are outputs of
+        the graph (or all, where the executor keeps every constant, `keeps_every_constant`). A constant
+        that only a vendor plan's folded weights replace gets no buffer otherwise."""
         order, done = [], set()
         for launch in self.plan.launches:
             kernel = self.graph.kernels[launch.kernel]
@@ -139,18 +153,27 @@ class Executor(ABC):
             read = kernel.inputs if call is None or kernel.tactic.split is not None else [
                 kernel.inputs[position] for position in call.vendor_op.parameters
                 if position < len(kernel.inputs)]
-            names = [tensor.name for tensor in read if tensor.name in host and tensor.name not in done]
+            names = list(dict.fromkeys(tensor.name for tensor in read if tensor.name in host))
+            folded = list(zip(call.arrays, call.buffers)) if call else []
+            copies = [self._placed(name, host[name]) for name in names if name not in done] + folded
             done.update(names)
-            pairs = [(host[name], self.buffers[name]) for name in dict.fromkeys(names)]
-            order.append((kernel.id, pairs + (list(zip(call.arrays, call.buffers)) if call else [])))
-        order.append((None, [(host[name], self.buffers[name]) for name in host if name not in done]))
+            order.append(Uploads(kernel.id, copies, bool(names or folded)))
+        outputs = {tensor.name for tensor in self.graph.outputs}  # a constant output is read by `run`
+        order.append(Uploads(None, [self._placed(name, value) for name, value in host.items()
+                                    if name not in done and (self.keeps_every_constant or name in outputs)],
+                             False))
         return order
 
-    def upload(self, order: list[tuple[int | None, list[tuple[np.ndarray, tvm.runtime.Tensor]]]]) -> None:
+    def _placed(self, name: str, value: np.ndarray) -> tuple[np.ndarray, tvm.runtime.Tensor]:
+        """A new device buffer for constant `name`, paired with its host value."""
+        self.buffers[name] = tvm.runtime.empty(value.shape, str(value.dtype), self.device)
+        return value, self.buffers[name]
+
+    def upload(self, order: list[Uploads]) -> None:
         """Copy each host value of `_upload_order` into its device buffer; here one after another, each
         waited for."""
-        for _, pairs in order:
-            for value, buffer in pairs:
+        for uploads in order:
+            for value, buffer in uploads.copies:
                 buffer.copyfrom(value)
 
     def _launcher(self, kernel: Kernel, call: VendorCall | None) -> Launcher:
@@ -180,7 +203,8 @@ class Executor(ABC):
         `workspace` as `tactics.tail.workspace` lists it: the plan's (where it needs one), then a split's
         head value, which the plan writes and the kernel's tail function reads, both on the launcher's
         stream."""
-        arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+        arguments = [self.buffers.get(tensor.name)  # None: a constant that its folded weights replace
+                     for tensor in kernel.inputs + kernel.outputs]
         head = workspace[-1] if tactic.split is not None else None  # a split: the plan writes, the tail reads
         tail_arguments = [head, *arguments]
         if head is not None:
@@ -207,8 +231,10 @@ class Executor(ABC):
 
     @property
     def device_constants(self) -> dict[str, tvm.runtime.Tensor]:
-        """The constants' device tensors, for another executor of the graph to share instead of uploading."""
-        return {tensor.name: self.buffers[tensor.name] for tensor in self.graph.constants}
+        """The constants' device tensors (those the plan reads, unless `keeps_every_constant`), for another
+        executor of the graph to share instead of uploading."""
+        return {tensor.name: self.buffers[tensor.name] for tensor in self.graph.constants
+                if tensor.name in self.buffers}
 
     def close(self) -> None:
         """Release the device handles the executor made besides its buffers (its vendor launchers'

@@ -97,10 +97,19 @@ def vendor_call(kernel: Kernel, value: Callable[[str], np.ndarray],
 
 def vendor_op_of(kernel: Kernel, split: int | None = None) -> VendorOp:
     """`vendor_call`'s VendorOp alone, from the constants' shapes: no value is read or folded."""
+    folding = _folding_of(kernel, split)
+    return folding[0] if folding else _head(kernel, split)[0]
+
+
+def folds(kernel: Kernel, split: int | None = None) -> bool:
+    """Whether `vendor_call` folds weights for the kernel (from the constants' shapes alone)."""
+    return _folding_of(kernel, split) is not None
+
+
+def _folding_of(kernel: Kernel, split: int | None) -> tuple[VendorOp, int] | None:
     vendor_op, constants = _head(kernel, split)
-    folding = _folding(vendor_op, {position: kernel.inputs[position].shape for position in constants},
-                       len(kernel.inputs) + len(kernel.outputs))
-    return folding[0] if folding else vendor_op
+    return _folding(vendor_op, {position: kernel.inputs[position].shape for position in constants},
+                    len(kernel.inputs) + len(kernel.outputs))
 
 
 def _head(kernel: Kernel, split: int | None) -> tuple[VendorOp, list[int]]:
