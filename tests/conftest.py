@@ -33,6 +33,14 @@ def own_tuning_logs(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def own_caches(tmp_path_factory):
+    """Tests keep their measurements and remembered digests out of the user's caches (`tvmsched.cache`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TVMSCHED_CACHE", str(tmp_path_factory.mktemp("caches")))
+        yield
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch) -> FakeCudart:
     """The CUDA executors on the CPU (a CPU device passes for a CUDA one) over a stand-in cudart."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -15,7 +14,7 @@ import numpy as np
 import onnx
 import tvm
 
-from tvmsched import frontend, measure, weights, zoo
+from tvmsched import digests, frontend, measure, weights, zoo
 from tvmsched.codegen import anonymous, build_library
 from tvmsched.cost import CostModel, create_cost_model
 from tvmsched.cost.analytic import AnalyticCost
@@ -515,8 +514,10 @@ class CompiledModel:
         (directory / weights.ARCHIVE).unlink(missing_ok=True)  # an older save's weights
         _write_json(directory / "graph.json", self.graph.to_json())
         _write_json(directory / "plan.json", self.plan.to_json())
-        digests = {name: _sha256(directory / name) for name in DIGESTED}
-        _write_json(directory / "meta.json", {**self.meta.to_json(), "digests": digests})
+        sums = {name: digests.sha256(directory / name) for name in DIGESTED}
+        for name, digest in sums.items():
+            digests.record(directory / name, digest)
+        _write_json(directory / "meta.json", {**self.meta.to_json(), "digests": sums})
         return directory
 
 
@@ -549,7 +550,7 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
     open_in_background({kernel.tactic.library for kernel in graph.kernels
                         if kernel.implementation_in(plan.tvm_kernels) != "tvm"})
     for name in digested:  # a truncated library would crash dlopen, a bad index mapping: check first
-        if not _digest_matches(directory / name, meta_json.get("digests", {}).get(name)):
+        if not digests.matches(directory / name, meta_json.get("digests", {}).get(name)):
             raise ArtifactError(f"'{directory / name}' is corrupt or was replaced (its digest differs from "
                                 f"meta.json); rebuild the model")
     try:
@@ -636,36 +637,6 @@ def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     _write_atomically(path, lambda temporary: temporary.write_text(json.dumps(data, indent=1)))
-
-
-_MATCHED: set[tuple] = set()  # files whose digest this process checked: path, identity, times, digest
-HASHED_BYTES = 16 << 20  # read and hashed at a time: few waits for the GIL, and within the caches
-
-
-def _digest_matches(path: Path, digest: str | None) -> bool:
-    """Whether the file's SHA-256 is `digest`; a file this process checked already, unchanged since (same
-    inode, size, modification and status-change times), is not read again (resnet50's weights: 0.1 s a
-    load)."""
-    status = path.stat()
-    key = (str(path.resolve()), status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns,
-           status.st_ctime_ns, digest)
-    if key not in _MATCHED:
-        if _sha256(path) != digest:
-            return False
-        _MATCHED.add(key)
-    return True
-
-
-def _sha256(path: Path) -> str:
-    """The file's SHA-256, read and hashed HASHED_BYTES at a time: hashlib and the read release the GIL, so
-    a library opening beside it (`open_in_background`) holds it up little. In 1 MiB steps each step waited
-    for the GIL: resnet50's weights took 0.44 s instead of 0.09 on the H100's host."""
-    digest = hashlib.sha256()
-    buffer = bytearray(HASHED_BYTES)
-    with path.open("rb", buffering=0) as file:
-        while read := file.readinto(buffer):
-            digest.update(memoryview(buffer)[:read])
-    return digest.hexdigest()
 
 
 def _dims(shape) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 
 def cache_path(name: str) -> Path:
@@ -25,10 +26,14 @@ def read_cache(path: Path) -> dict:
         return {}
 
 
-def merge_into_cache(path: Path, key: str, entries: dict) -> None:
-    """Merge `entries` into the cache's section `key` (atomically)."""
+def merge_into_cache(path: Path, key: str, entries: dict, keep: Callable[[str], bool] | None = None) -> None:
+    """Merge `entries` into the cache's section `key` (atomically), dropping the section's entries whose
+    key `keep` refuses, where given."""
     cache = read_cache(path)
-    cache.setdefault(key, {}).update(entries)
+    section = cache.setdefault(key, {})
+    section.update(entries)
+    if keep is not None:
+        cache[key] = {name: value for name, value in section.items() if keep(name)}
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(cache))

@@ -1,0 +1,47 @@
+"""Remembered digests (`tvmsched.digests`): a file checked once is not read again while unchanged, in this
+process or another; any write, its times put back, makes it read again; deleted files are forgotten."""
+
+import os
+
+import pytest
+
+from tvmsched import digests
+from tvmsched.cache import cache_path, read_cache
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    read = []
+    monkeypatch.setattr(digests, "sha256",
+                        lambda path, hashed=digests.sha256: read.append(path.name) or hashed(path))
+    return read
+
+
+def test_a_checked_file_is_read_again_only_once_changed(tmp_path, counted, monkeypatch):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"abc" * 1000)
+    digest = digests.sha256(path)
+    counted.clear()
+    assert digests.matches(path, digest) and counted == ["a.bin"]
+    monkeypatch.setattr(digests, "_MATCHED", set())  # another process: the cache file remembers it
+    assert digests.matches(path, digest) and counted == ["a.bin"]
+    assert not digests.matches(path, "0" * 64)  # another digest is checked against the file
+    status = path.stat()
+    with open(path, "r+b") as file:
+        file.write(b"x")
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert not digests.matches(path, digest)
+
+
+def test_files_deleted_since_are_forgotten(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for path in (first, second):
+        path.write_bytes(path.name.encode())
+        digests.record(path, digests.sha256(path))
+    first.unlink()
+    third = tmp_path / "third"
+    third.write_bytes(b"3")
+    digests.record(third, digests.sha256(third))
+    remembered = read_cache(cache_path("verified.json"))[digests.SECTION]
+    assert str(second.resolve()) in remembered and str(third.resolve()) in remembered
+    assert str(first.resolve()) not in remembered
