@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tvmsched import digests
-from tvmsched.cache import cache_path, read_cache
+from tvmsched.cache import cache_path, read_section
 
 
 @pytest.fixture
@@ -37,11 +37,37 @@ def test_files_deleted_since_are_forgotten(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     for path in (first, second):
         path.write_bytes(path.name.encode())
-        digests.record(path, digests.sha256(path))
+        digests.checked_sha256(path)
     first.unlink()
     third = tmp_path / "third"
     third.write_bytes(b"3")
-    digests.record(third, digests.sha256(third))
-    remembered = read_cache(cache_path("verified.json"))[digests.SECTION]
+    digests.checked_sha256(third)
+    remembered = read_section(cache_path("verified.json"), digests.SECTION)
     assert str(second.resolve()) in remembered and str(third.resolve()) in remembered
     assert str(first.resolve()) not in remembered
+
+
+def test_a_file_written_while_it_is_hashed_is_not_remembered(tmp_path, monkeypatch):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"before")
+    hashed = digests.sha256
+
+    def written_meanwhile(file):
+        digest = hashed(file)
+        file.write_bytes(b"after!")
+        return digest
+
+    monkeypatch.setattr(digests, "sha256", written_meanwhile)
+    digest = digests.checked_sha256(path)
+    monkeypatch.setattr(digests, "sha256", hashed)
+    monkeypatch.setattr(digests, "_MATCHED", set())
+    assert not digests.matches(path, digest)
+
+
+@pytest.mark.parametrize("contents", [b"\xff\xfe", b"null", b"[]", b'{"digests1": []}'])
+def test_a_corrupt_cache_file_reads_as_empty(tmp_path, contents):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"a")
+    cache_path("verified.json").parent.mkdir(parents=True, exist_ok=True)
+    cache_path("verified.json").write_bytes(contents)
+    assert digests.matches(path, digests.checked_sha256(path))

@@ -135,6 +135,7 @@ def test_the_profiles_kernel_timer_on_a_gpu_times_captured_kernels(branchy_model
 
     model = tvmsched.compile(branchy_model, target="llvm", batch=1)
     cuda_build = SimpleNamespace(library=model.library, graph=model.graph, plan=model.plan,
+                                 folded=model.folded,
                                  meta=SimpleNamespace(target=SimpleNamespace(kind="cuda")))
     with model.exclusive() as executor, _kernel_timer(cuda_build, executor) as time_kernel:
         fake_cuda.elapsed = iter([30.0, 10.0, 20.0, 50.0, 40.0])  # five rounds of 3 replays of 10 copies

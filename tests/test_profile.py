@@ -69,6 +69,7 @@ def test_the_kernel_timer_on_a_gpu_closes_its_stage_timer(branchy_model, fake_cu
     """On the CPU over a stand-in cudart (tests/fakecuda.py), with the model passing for a CUDA build."""
     model = tvmsched.compile(branchy_model, target="llvm", batch=1)
     cuda_build = SimpleNamespace(library=model.library, graph=model.graph, plan=model.plan,
+                                 folded=model.folded,
                                  meta=SimpleNamespace(target=SimpleNamespace(kind="cuda")))
     with _kernel_timer(cuda_build, model.executor) as time_kernel:
         assert time_kernel(0, 20) == pytest.approx(1.0 / 2 / 10)  # 1 ms (the stand-in's) per 2 replays of 10

@@ -251,6 +251,23 @@ def test_weights_are_folded_once_per_model_and_the_first_inference_waits_for_the
     assert sorted(folds) == sorted(vendor)
 
 
+def test_the_profiles_kernel_timer_reads_the_models_folded_weights(fake_cuda, standin, model, tmp_path):
+    """On a GPU the profile times kernels in a stage timer on the executor's device constants, which lack
+    the constants that folded weights replace: it takes the model's folded weights (it refolded from the
+    missing constants and raised KeyError)."""
+    from tvmsched import profile
+
+    scheduled = with_tactics(model, tmp_path)
+    scheduled.executor_name = "streams"
+    target = replace(scheduled.meta.target, kind="cuda")
+    scheduled(RNG.standard_normal((2, 3, 8, 8)).astype("float32"))
+    as_gpu = scheduled.with_meta(replace(scheduled.meta, target=target))  # the same folds
+    folded = next(kernel.id for kernel in as_gpu.graph.kernels if kernel.tactic is not None
+                  and len(as_gpu.folded[kernel.id, kernel.tactic.split][1]))
+    with scheduled.exclusive() as executor, profile._kernel_timer(as_gpu, executor) as time_kernel:
+        assert time_kernel(folded, 10) > 0
+
+
 def test_a_library_is_opened_once_per_thread(standin):
     """Selection and every executor of a thread share one instance; another thread opens its own."""
     first = library.shared_library(StandIn)

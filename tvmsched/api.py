@@ -514,9 +514,7 @@ class CompiledModel:
         (directory / weights.ARCHIVE).unlink(missing_ok=True)  # an older save's weights
         _write_json(directory / "graph.json", self.graph.to_json())
         _write_json(directory / "plan.json", self.plan.to_json())
-        sums = {name: digests.sha256(directory / name) for name in DIGESTED}
-        for name, digest in sums.items():
-            digests.record(directory / name, digest)
+        sums = {name: digests.checked_sha256(directory / name) for name in DIGESTED}
         _write_json(directory / "meta.json", {**self.meta.to_json(), "digests": sums})
         return directory
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -21,20 +22,30 @@ def cache_path(name: str) -> Path:
 def read_cache(path: Path) -> dict:
     """The cache's contents; an unreadable cache is treated as empty."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
         return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def read_section(path: Path, key: str) -> dict:
+    """The cache's section `key`; one that is missing or not a mapping reads as empty."""
+    return _section(read_cache(path), key)
+
+
+def _section(cache: dict, key: str) -> dict:
+    section = cache.get(key, {})
+    return section if isinstance(section, dict) else {}
 
 
 def merge_into_cache(path: Path, key: str, entries: dict, keep: Callable[[str], bool] | None = None) -> None:
     """Merge `entries` into the cache's section `key` (atomically), dropping the section's entries whose
     key `keep` refuses, where given."""
     cache = read_cache(path)
-    section = cache.setdefault(key, {})
-    section.update(entries)
+    section = cache[key] = {**_section(cache, key), **entries}
     if keep is not None:
         cache[key] = {name: value for name, value in section.items() if keep(name)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # a writer's own
     temporary.write_text(json.dumps(cache))
     temporary.replace(path)

@@ -156,7 +156,8 @@ def _kernel_timer(model, executor):
 
         copies = 10  # per captured graph, so the graph launch is amortized
         with StageTimer(model.library, model.graph, model.plan, executor.device_constants, executor.device,
-                        max_groups=1) as timer:  # on the model's constants, already on the device
+                        max_groups=1, folded=model.folded) as timer:  # the model's constants, on the device
+            # (the executor's only: a vendor plan's folded weights replace the constants they were made from)
             yield lambda kernel, repeat: timer.time_stage(((kernel,) * copies,), rounds=5,
                                                           replays=max(1, repeat // copies)) / copies
         return

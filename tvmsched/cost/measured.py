@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tvmsched.cache import cache_path as named_cache_path
-from tvmsched.cache import merge_into_cache, read_cache
+from tvmsched.cache import merge_into_cache, read_section
 from tvmsched.cost.base import CostModel, register_cost_model
 from tvmsched.executor.streams import StageTimer
 from tvmsched.graph import KernelGraph
@@ -42,7 +42,7 @@ class MeasuredCost(CostModel):
         self.timer = timer
         self.key = key
         self.cache_path = cache_path or default_cache_path()
-        self.entries = read_cache(self.cache_path).get(key, {})
+        self.entries = read_section(self.cache_path, key)
         self.hits = 0
 
     @classmethod

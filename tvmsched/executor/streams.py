@@ -244,11 +244,12 @@ class StageTimer(StreamsExecutor):
     keeps_every_constant = True  # its executors may run TVM's function where its plan runs a vendor plan
     version = 4  # raised when what a timing includes changes, so cached timings of another stay apart
 
-    def __init__(self, library, graph, plan, constants, device, max_groups: int = 8):
+    def __init__(self, library, graph, plan, constants, device, max_groups: int = 8,
+                 folded: dict | None = None):
         separate = MemoryPlan(tuple(tensor.nbytes for kernel in graph.kernels for tensor in kernel.written),
                               {tensor.name: index for index, tensor in
                                enumerate(t for kernel in graph.kernels for t in kernel.written)})
-        super().__init__(library, graph, replace(plan, memory=separate), constants, device)
+        super().__init__(library, graph, replace(plan, memory=separate), constants, device, folded=folded)
         with self._closed_on_error():
             rng = np.random.default_rng(0)
             for tensor in graph.inputs:

@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 
 from tvmsched import measure
-from tvmsched.cache import cache_path, merge_into_cache, read_cache
+from tvmsched.cache import cache_path, merge_into_cache, read_section
 from tvmsched.errors import TargetError, check_choice
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.tactics import tail
@@ -104,7 +104,7 @@ class _Selector:
         self.device_name = device_name
         self.kernels_hash = kernels_hash
         self.path = path
-        self.entries = read_cache(path).get(CACHE_SECTION, {})
+        self.entries = read_section(path, CACHE_SECTION)
         self.measured: dict[str, float | None] = {}
 
     def choose(self, kernel: Kernel, mode: str, vendor_op: VendorOp,
@@ -193,7 +193,7 @@ def vendor_latencies(graphs: Iterable[KernelGraph], device_name: str,
     """By workload, the fastest time the tactics cache holds of a working vendor plan for a kernel of
     `graphs` (whole, or a split's head with its tail) on `device_name` with the installed libraries: what a
     build gets from a library there. It measures nothing: kernels no build has timed are absent."""
-    entries = read_cache(cache or cache_path("tactics.json")).get(CACHE_SECTION, {})
+    entries = read_section(cache or cache_path("tactics.json"), CACHE_SECTION)
     versions = installed()
     found: dict[str, float] = {}
     for kernel in (kernel for graph in graphs for kernel in graph.kernels):
