@@ -9,6 +9,12 @@ from tvmsched import digests
 from tvmsched.cache import cache_path, read_section
 
 
+@pytest.fixture(autouse=True)
+def not_racy(monkeypatch):
+    """Files written by the tests count as old enough to remember (`digests.RACY_NS`), unless a test says."""
+    monkeypatch.setattr(digests, "RACY_NS", -1)
+
+
 @pytest.fixture
 def counted(monkeypatch):
     read = []
@@ -71,3 +77,17 @@ def test_a_corrupt_cache_file_reads_as_empty(tmp_path, contents):
     cache_path("verified.json").parent.mkdir(parents=True, exist_ok=True)
     cache_path("verified.json").write_bytes(contents)
     assert digests.matches(path, digests.checked_sha256(path))
+
+
+def test_a_file_changed_just_before_its_check_is_not_remembered_unless_written_here(tmp_path, monkeypatch):
+    """Where file times are coarser than a write, one made during the hashing may leave them as they were:
+    a file changed within RACY_NS of its check is hashed again next time, except a save's own."""
+    monkeypatch.setattr(digests, "RACY_NS", 60 * 10**9)
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"a")
+    digest = digests.checked_sha256(path)
+    assert not digests.matches(path, "0" * 64) and digests.matches(path, digest)
+    monkeypatch.setattr(digests, "_MATCHED", set())
+    assert str(path.resolve()) not in read_section(cache_path("verified.json"), digests.SECTION)
+    digests.checked_sha256(path, written_here=True)
+    assert str(path.resolve()) in read_section(cache_path("verified.json"), digests.SECTION)

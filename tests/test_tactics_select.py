@@ -268,6 +268,24 @@ def test_the_profiles_kernel_timer_reads_the_models_folded_weights(fake_cuda, st
         assert time_kernel(folded, 10) > 0
 
 
+def test_a_timers_whole_plan_timings_reuse_its_folded_weights(fake_cuda, standin, model, tmp_path,
+                                                             monkeypatch):
+    """`StageTimer.time_order` runs executors on the timer's device constants and folded weights: nothing
+    is folded again (each call refolded every vendor kernel, reading its weights back from the device), and
+    a timer given another executor's constants, which lack those that folded weights replace, works."""
+    from tvmsched.executor import base
+
+    scheduled = with_tactics(model, tmp_path)
+    scheduled.executor_name = "streams"
+    scheduled(RNG.standard_normal((2, 3, 8, 8)).astype("float32"))
+    monkeypatch.setattr(base, "vendor_call", None)
+    order = tuple((launch.kernel, launch.stream) for launch in scheduled.plan.launches)
+    with scheduled.exclusive() as executor:
+        with StageTimer(model.library, scheduled.graph, scheduled.plan, executor.device_constants,
+                        executor.device, max_groups=2, folded=scheduled.folded) as timer:
+            assert timer.time_order(order, warmup=1, repeat=2) > 0
+
+
 def test_a_library_is_opened_once_per_thread(standin):
     """Selection and every executor of a thread share one instance; another thread opens its own."""
     first = library.shared_library(StandIn)

@@ -514,7 +514,7 @@ class CompiledModel:
         (directory / weights.ARCHIVE).unlink(missing_ok=True)  # an older save's weights
         _write_json(directory / "graph.json", self.graph.to_json())
         _write_json(directory / "plan.json", self.plan.to_json())
-        sums = {name: digests.checked_sha256(directory / name) for name in DIGESTED}
+        sums = {name: digests.checked_sha256(directory / name, written_here=True) for name in DIGESTED}
         _write_json(directory / "meta.json", {**self.meta.to_json(), "digests": sums})
         return directory
 

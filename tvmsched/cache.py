@@ -1,11 +1,13 @@
 """tvmsched's on-disk caches of measurements: one JSON file each under $TVMSCHED_CACHE (default
 ~/.cache/tvmsched), holding entries under content keys. A cache only saves time: an unreadable file reads
-as empty, and a save merges into what is on disk and replaces the file atomically, so concurrent builds
-lose no entry of their own and an interrupted save leaves the old file.
+as empty, and a save merges into what is on disk and replaces the file atomically, one writer at a time
+(a lock file beside it), so concurrent builds lose no entry of their own and an interrupted save leaves
+the old file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -41,11 +43,13 @@ def _section(cache: dict, key: str) -> dict:
 def merge_into_cache(path: Path, key: str, entries: dict, keep: Callable[[str], bool] | None = None) -> None:
     """Merge `entries` into the cache's section `key` (atomically), dropping the section's entries whose
     key `keep` refuses, where given."""
-    cache = read_cache(path)
-    section = cache[key] = {**_section(cache, key), **entries}
-    if keep is not None:
-        cache[key] = {name: value for name, value in section.items() if keep(name)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # a writer's own
-    temporary.write_text(json.dumps(cache))
-    temporary.replace(path)
+    with open(path.with_suffix(".lock"), "w") as lock:  # one writer at a time reads, merges and replaces
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cache = read_cache(path)
+        section = cache[key] = {**_section(cache, key), **entries}
+        if keep is not None:
+            cache[key] = {name: value for name, value in section.items() if keep(name)}
+        temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        temporary.write_text(json.dumps(cache))
+        temporary.replace(path)

@@ -12,11 +12,13 @@ resnet50 on the H100's host, 0.55-0.61 s of BERT-base's.
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 from tvmsched.cache import cache_path, merge_into_cache, read_section
 
 SECTION = "digests1"
+RACY_NS = 2_000_000_000  # a file changed as recently as this is hashed again at its next check
 HASHED_BYTES = 16 << 20  # read and hashed at a time: few waits for the GIL, and within the caches
 _MATCHED: set[tuple] = set()  # this process's: (path, identity, times, digest)
 
@@ -33,12 +35,14 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def checked_sha256(path: Path) -> str:
-    """The file's SHA-256, remembered (a save's, of what it wrote) where the file did not change while it was
-    read: a write in between leaves it to be hashed again."""
+def checked_sha256(path: Path, written_here: bool = False) -> str:
+    """The file's SHA-256, remembered where the file did not change while it was read. A file changed
+    within RACY_NS before the check is not remembered, unless this process just wrote it (`save`, the
+    only writer of its files): where file times are coarser than a write, a write during the hashing could
+    leave them as they were."""
     before = _key(path, None)
     digest = sha256(path)
-    if _key(path, None) == before:
+    if _key(path, None) == before and (written_here or time.time_ns() - before[5] > RACY_NS):
         _remember(before[:-1] + (digest,))
     return digest
 

@@ -120,7 +120,8 @@ class Executor(ABC):
         self.libraries: dict[str, VendorLibrary] = {}
         self.vendor_arguments: dict[int, list] = {}  # by kernel: what its plan reads, folded weights too
         try:
-            calls = {kernel.id: self._folded_call(kernel, host, {} if folded is None else folded)
+            self.folded = {} if folded is None else folded
+            calls = {kernel.id: self._folded_call(kernel, host)
                      for kernel in graph.kernels if kernel.implementation_in(plan.tvm_kernels) != "tvm"}
             self.upload(self._upload_order(host, calls))
             self.launchers = {kernel.id: self._launcher(kernel, calls.get(kernel.id))
@@ -129,14 +130,15 @@ class Executor(ABC):
             self.resources.close()
             raise
 
-    def _folded_call(self, kernel: Kernel, host: dict[str, np.ndarray], folded: dict) -> VendorCall:
-        """The kernel's tactic's `VendorCall`, its folded weights from `folded` (or folded now, from the
-        `host` constants where given, else read from the device, and kept there) in new device buffers."""
+    def _folded_call(self, kernel: Kernel, host: dict[str, np.ndarray]) -> VendorCall:
+        """The kernel's tactic's `VendorCall`, its folded weights from `self.folded` (or folded now, from
+        the `host` constants where given, else read from the device, and kept there) in new device
+        buffers."""
         key = (kernel.id, kernel.tactic.split)
-        if key not in folded:
-            folded[key] = vendor_call(kernel, lambda name: host[name] if name in host else
-                                      self.buffers[name].numpy(), kernel.tactic.split)
-        vendor_op, arrays = folded[key]
+        if key not in self.folded:
+            self.folded[key] = vendor_call(kernel, lambda name: host[name] if name in host else
+                                           self.buffers[name].numpy(), kernel.tactic.split)
+        vendor_op, arrays = self.folded[key]
         return VendorCall(vendor_op, tuple(arrays), tuple(tvm.runtime.empty(array.shape, str(array.dtype),
                                                                             self.device) for array in arrays))
 

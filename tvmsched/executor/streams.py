@@ -271,11 +271,13 @@ class StageTimer(StreamsExecutor):
         """Median milliseconds of one inference of the plan for a (kernel, stream) issue order, taken as
         `CompiledModel.benchmark` takes it: the plan `make_plan` makes (the executor's waits and buffer
         plan) on the cuda-graph executor, each inference launched on an idle GPU and waited for. The
-        executor reads the timer's constants, already on the device, rather than uploading them again.
+        executor reads the timer's constants, already on the device, rather than uploading them again, and
+        its folded weights, rather than folding them again.
         `tvm_kernels` run TVM's function instead of their tactic."""
         plan = make_plan(self.graph, list(order), "timed", tvm_kernels=tvm_kernels)
         constants = self.device_constants
-        with CudaGraphExecutor(self.library, self.graph, plan, constants, self.device) as executor:
+        with CudaGraphExecutor(self.library, self.graph, plan, constants, self.device,
+                               folded=self.folded) as executor:
             for tensor in self.graph.inputs:
                 executor.buffers[tensor.name].copyfrom(self.buffers[tensor.name])
             return measure.benchmark(executor, warmup, repeat)["median_ms"]
