@@ -32,6 +32,25 @@ def test_only_a_cuda_build_refused_so_is_built_again_with_merged_shared_memory()
         assert len(calls) == 1
 
 
+def test_a_build_that_needed_merged_shared_memory_is_built_with_it_at_once_next_time(monkeypatch):
+    """A refused build's key is remembered, in this process and in the cache for another (stood in for by
+    forgetting this process's): the next build of that key tries no plain build first; another key does."""
+    from tvmsched import shared_memory
+
+    def build(configs):
+        configs.append(bool(tvm.transform.PassContext.current().config.get("tirx.merge_static_smem")))
+        if not configs[-1]:
+            raise RuntimeError(f"{REFUSED} (float16 vs float32)")
+        return "built"
+
+    first, again, other = [], [], []
+    assert built_retrying_merged(lambda: build(first), "cuda", "kernels/h100") == "built"
+    monkeypatch.setattr(shared_memory, "_NEEDED", set())
+    assert built_retrying_merged(lambda: build(again), "cuda", "kernels/h100") == "built"
+    assert built_retrying_merged(lambda: build(other), "cuda", "others/h100") == "built"
+    assert first == [False, True] and again == [True] and other == [False, True]
+
+
 @pytest.fixture(scope="module")
 def refused():
     """An fp16 NHWC convolution lowered for the H100, its MetaSchedule task, and the candidates of a

@@ -141,7 +141,9 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
             {kernels.get_global_var(symbol): choice.function for symbol, choice in choices.items()},
             attrs=kernels.attrs))
         try:
-            executable = built_retrying_merged(lambda: _cached_compile(module, spec), spec.kind)  # noqa: B023
+            key = f"{tvm_ffi.structural_hash(module) & (2**64 - 1):016x}/{spec.key}"
+            executable = built_retrying_merged(lambda: _cached_compile(module, spec), spec.kind,  # noqa: B023
+                                               key)
             break
         except Exception as error:  # noqa: BLE001  (TVM's passes raise many types; found per kernel below)
             failing = {symbol: failure for symbol in choices

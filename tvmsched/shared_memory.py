@@ -7,7 +7,8 @@ space. Of MetaSchedule's fp16 NHWC tensor-core candidates for the H100, 11 of 64
 convolutions, 54 and 62 with the option (`experiments/tensorcore_candidates.py`,
 `experiments/results/tensorcore_candidates_cpu_2026-11-26*.json`, built on the CPU). Only a build that
 fails so is built again, so a library whose kernels all build as TVM builds them is compiled as before;
-in one that needs the option, every kernel is compiled with it (static shared arrays become one buffer).
+in one that needs the option, every kernel is compiled with it (static shared arrays become one buffer),
+and the next build of the same library, in any process, starts with it.
 """
 
 from __future__ import annotations
@@ -17,21 +18,37 @@ from typing import TypeVar
 
 import tvm
 
+from tvmsched.cache import cache_path, merge_into_cache, read_section
+
 MERGED = {"tirx.merge_static_smem": True}
 REFUSED = "tvm_access_ptr element type must match"
+SECTION = "merged_shared_memory1"  # of the cache file builds.json: the builds known to need MERGED
 Built = TypeVar("Built")
+_NEEDED: set[str] = set()  # this process's
 
 
-def built_retrying_merged(build: Callable[[], Built], target_kind: str) -> Built:
+def built_retrying_merged(build: Callable[[], Built], target_kind: str, key: str | None = None) -> Built:
     """`build()`, or where a CUDA build fails with REFUSED, `build()` again under the current pass
-    configuration with MERGED added."""
-    try:
-        return build()
-    except Exception as error:  # noqa: BLE001  (TVM raises its own error types)
-        if target_kind != "cuda" or REFUSED not in str(error):
-            raise
+    configuration with MERGED added. A build whose `key` (its content and target) needed MERGED before, in
+    this process or another, is built with it at once: the refused build cost googlenet's fp16 library 2.6
+    s of 22.8 on this machine's CPU (`experiments/results/shared_memory_retry_cost_cpu_2026-11-26.json`)."""
+    if key is None or not _needed(key):
+        try:
+            return build()
+        except Exception as error:  # noqa: BLE001  (TVM raises its own error types)
+            if target_kind != "cuda" or REFUSED not in str(error):
+                raise
+        if key is not None:
+            _NEEDED.add(key)
+            merge_into_cache(cache_path("builds.json"), SECTION, {key: True})
     current = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(opt_level=current.opt_level, required_pass=current.required_pass,
                                    disabled_pass=current.disabled_pass,
                                    config={**dict(current.config), **MERGED}):
         return build()
+
+
+def _needed(key: str) -> bool:
+    if key not in _NEEDED and read_section(cache_path("builds.json"), SECTION).get(key) is True:
+        _NEEDED.add(key)
+    return key in _NEEDED
