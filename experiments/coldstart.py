@@ -4,10 +4,14 @@ latency, the weights' size and the host-to-device bandwidth.
 
 A saved build of each model is made once (in --builds). Each measurement runs in a fresh Python process
 that times, by the host clock: importing tvmsched, `tvmsched.load` with its parts (checking the files'
-digests, reading the weights, loading the kernel library), making the executor (device context and
-buffers, weights uploaded, the plan captured), and the first inference; then a second `load` and first
-inference in the same process ("warm": files and libraries already in memory), the steady-state median
-and the bandwidth of copying 256 MiB from host memory to the device.
+digests where not remembered, mapping and page-locking the weights, loading the kernel library), making
+the executor (buffers, the weights' copies issued, the vendor plans), and the first inference (live, each
+kernel after its weights); then a second `load` and first
+inference in the same process ("warm": files and libraries already in memory); the first inference of
+that model after `close()` released everything it had on the GPU, its weights uploaded first (`naive_ms`)
+or pipelined with it (`pipelined_ms`); the steady-state median, the bandwidth of copying 256 MiB of
+pageable memory and of the page-locked weights file (`pcie_gbps`) to the device, and the bound
+max(weights / pcie_gbps, steady state) (`bound_ms`). `dha_ms` stays null: direct host access is not built.
 
     python -m experiments.coldstart --models resnet50 googlenet --target cuda --out /tmp/cold.json
 """
