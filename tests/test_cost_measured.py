@@ -37,12 +37,23 @@ def test_closing_saves_the_measurements_and_closes_the_timer(tmp_path):
     assert again.stage_latency(((0,), (1,))) == 2.0 and again.hits == 1 and again.timer.timed == 0
 
 
-def test_the_timer_is_closed_when_saving_fails(tmp_path):
+def test_the_timer_is_closed_when_saving_fails(tmp_path, monkeypatch):
+    from tvmsched.cost import measured
+
     (tmp_path / "file").write_text("")
     timer = Timer()
     cost = MeasuredCost(random_graph(4, seed=0), timer, "key", tmp_path / "file" / "costs.json")
     cost.stage_latency(((0,),))
-    with pytest.raises(OSError):
+    cost.close()  # a cache that cannot be written (a file where its folder should be) saves nothing
+    assert timer.closed == 1 and (tmp_path / "file").read_text() == ""
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the save failed")
+    monkeypatch.setattr(measured, "merge_into_cache", fails)
+    timer = Timer()
+    cost = MeasuredCost(random_graph(4, seed=0), timer, "key", tmp_path / "costs.json")
+    cost.stage_latency(((0,),))
+    with pytest.raises(RuntimeError, match="the save failed"):
         cost.close()
     assert timer.closed == 1
 

@@ -3,6 +3,7 @@ process or another; any write, its times put back, makes it read again; deleted 
 
 import os
 
+import numpy as np
 import pytest
 
 from tvmsched import digests
@@ -91,3 +92,26 @@ def test_a_file_changed_just_before_its_check_is_not_remembered_unless_written_h
     assert str(path.resolve()) not in read_section(cache_path("verified.json"), digests.SECTION)
     digests.checked_sha256(path, written_here=True)
     assert str(path.resolve()) in read_section(cache_path("verified.json"), digests.SECTION)
+
+
+def test_a_cache_that_cannot_be_written_saves_nothing_and_breaks_nothing(tmp_path, monkeypatch,
+                                                                         branchy_model):
+    """Caches only save time: with $TVMSCHED_CACHE unwritable, a save, a load and a refused CUDA build that
+    would be remembered all work, and nothing is remembered."""
+    import tvmsched
+    from tvmsched import shared_memory
+
+    monkeypatch.setenv("TVMSCHED_CACHE", "/proc/tvmsched-unwritable")
+    build = tvmsched.compile(branchy_model, batch=1).save(tmp_path / "build")
+    x = np.zeros((1, 3, 8, 8), "float32")
+    np.testing.assert_array_equal(tvmsched.load(build)(x), tvmsched.compile(branchy_model, batch=1)(x))
+
+    builds = []
+
+    def build_once():
+        builds.append(1)
+        if len(builds) == 1:
+            raise RuntimeError(shared_memory.REFUSED)
+        return "built"
+    assert shared_memory.built_retrying_merged(build_once, "cuda", "unwritable/h100") == "built"
+    assert not cache_path("verified.json").exists()

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import threading
 from pathlib import Path
 from typing import Callable
+
+LOGGER = logging.getLogger(__name__)
 
 
 def cache_path(name: str) -> Path:
@@ -42,14 +45,17 @@ def _section(cache: dict, key: str) -> dict:
 
 def merge_into_cache(path: Path, key: str, entries: dict, keep: Callable[[str], bool] | None = None) -> None:
     """Merge `entries` into the cache's section `key` (atomically), dropping the section's entries whose
-    key `keep` refuses, where given."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:  # one writer at a time reads, merges and replaces
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        cache = read_cache(path)
-        section = cache[key] = {**_section(cache, key), **entries}
-        if keep is not None:
-            cache[key] = {name: value for name, value in section.items() if keep(name)}
-        temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        temporary.write_text(json.dumps(cache))
-        temporary.replace(path)
+    key `keep` refuses, where given; where the cache cannot be written, nothing is saved."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:  # one writer at a time reads, merges, replaces
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cache = read_cache(path)
+            section = cache[key] = {**_section(cache, key), **entries}
+            if keep is not None:
+                cache[key] = {name: value for name, value in section.items() if keep(name)}
+            temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            temporary.write_text(json.dumps(cache))
+            temporary.replace(path)
+    except OSError as error:  # a read-only or missing cache directory: the cache only saves time
+        LOGGER.debug("cache %s not written: %s", path, error)
