@@ -82,10 +82,9 @@ def layout(constants: dict[str, np.ndarray], folded: Folded | None = None) -> In
 def write_binary(path: Path, index: Index, constants: dict[str, np.ndarray],
                  folded: Folded | None = None) -> None:
     """Write the constants' and folded weights' bytes at their places (`layout`), zeros between them."""
-    arrays = {**{("constant", name): array for name, array in constants.items()},
-              **{("folded", name): array for name, array in _folded_arrays(folded or {}).items()}}
-    entries = [(entry, arrays["constant", entry.name]) for entry in index.constants] + [
-        (entry, arrays["folded", entry.name]) for entry in index.folded]
+    named = _folded_arrays(folded or {})
+    entries = [(entry, constants[entry.name]) for entry in index.constants] + [
+        (entry, named[entry.name]) for entry in index.folded]
     with open(path, "wb") as file:
         for entry, array in entries:
             file.seek(entry.offset)

@@ -44,8 +44,7 @@ class StreamsExecutor(Executor):
         self.uploads: dict[int, object] = {}  # the first inference's waits: by kernel, its weights' event
         self.sources: list = []  # the host values being copied, kept alive until the copies end
         self.warmed = False  # whether the plan was issued once (every kernel's module loaded)
-        super().__init__(*args, **kwargs)
-        _check_cuda_device(self.device, self.name)
+        super().__init__(*args, **kwargs)  # its `upload` refuses a device that is not CUDA
         self.waited_on = _waited_on(self.plan.launches)
         with self._closed_on_error():
             self.streams = [cuda.stream(self.resources) for _ in range(self.plan.num_streams)]
