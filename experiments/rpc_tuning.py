@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -83,15 +84,18 @@ class Tracker:
 
 
 class Utilization:
-    """The host's CPU utilization over the block (psutil) and each GPU's, sampled every second by
-    `nvidia-smi` where there is one (GPUs in PCI order, as the servers number them)."""
+    """The host's CPU utilization over the block (psutil), the CPU seconds each part of the run spent in it
+    (`ProcessCpu`), and each GPU's utilization, sampled every second by `nvidia-smi` where there is one
+    (GPUs in PCI order, as the servers number them)."""
 
     def __init__(self, work: Path):
         self.path = work / "gpu_utilization.csv"
         self.cpu_percent: float | None = None
+        self.processes = ProcessCpu()
 
     def __enter__(self) -> Utilization:
         psutil.cpu_percent(None)  # the next call answers for the time since this one
+        self.processes.start()
         with self.path.open("w") as out:
             try:
                 self.smi = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu",
@@ -102,19 +106,83 @@ class Utilization:
 
     def __exit__(self, *exc) -> None:
         self.cpu_percent = psutil.cpu_percent(None)
+        self.processes.stop()
         if self.smi is not None:
             self.smi.terminate()
             self.smi.wait()
 
     def summary(self) -> dict:
-        """Mean utilization in percent: the host's CPU (all cores) and each GPU's, by index."""
+        """Mean utilization in percent: the host's CPU (all cores) and each GPU's, by index; CPU seconds by
+        part of the run."""
         gpus: dict[str, list[float]] = {}
         for line in self.path.read_text().splitlines():
             index, _, percent = line.partition(",")
             if percent.strip().isdigit():
                 gpus.setdefault(index.strip(), []).append(float(percent))
         return {"host_cpu_percent": self.cpu_percent,
-                "gpu_percent": {index: round(statistics.mean(values), 1) for index, values in gpus.items()}}
+                "gpu_percent": {index: round(statistics.mean(values), 1) for index, values in gpus.items()},
+                "cpu_s": self.processes.seconds()}
+
+
+# What marks a process's command line (or an ancestor's) as a part of the run; the first match names it.
+PARTS = (("tvm.exec.rpc_server", "servers"), ("tvm.exec.rpc_tracker", "tracker"), ("tvmsched tune", "tune"))
+
+
+class ProcessCpu:
+    """CPU seconds (user and system) that the run's processes spent between `start` and `stop`, by part:
+    `tune` (the tuning process: search, cost model), `tune_workers` (its builder's and runner's worker
+    processes), `servers` (the RPC servers and their session processes), `tracker`. Every process is
+    sampled every second (a process that ends between samples loses its last second)."""
+
+    def __init__(self):
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self.done = threading.Event()
+
+    def start(self) -> None:
+        self._sample(initial=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self._sample()
+
+    def seconds(self) -> dict[str, float]:
+        parts: dict[str, float] = {}
+        for pid, (part, cpu) in self.last.items():
+            parts[part] = parts.get(part, 0.0) + cpu - self.first.get(pid, 0.0)
+        return {part: round(value, 1) for part, value in sorted(parts.items())}
+
+    def _run(self) -> None:
+        while not self.done.wait(1.0):
+            self._sample()
+
+    def _sample(self, initial: bool = False) -> None:
+        """Each process's CPU seconds now; a process first seen after `start` counts from zero."""
+        for process in psutil.process_iter():
+            try:
+                part = run_part(process)
+                if part is None:
+                    continue
+                times = process.cpu_times()
+                cpu = times.user + times.system
+            except psutil.Error:
+                continue
+            self.first.setdefault(process.pid, cpu if initial else 0.0)
+            self.last[process.pid] = (part, cpu)
+
+
+def run_part(process: psutil.Process) -> str | None:
+    """The part of the run (`PARTS`) that `process` belongs to, or None; a child of the tuning process is
+    one of its workers."""
+    for depth, each in enumerate([process, *process.parents()]):
+        line = " ".join(each.cmdline())
+        for mark, part in PARTS:
+            if mark in line:
+                return "tune_workers" if part == "tune" and depth else part
+    return None
 
 
 def tune_run(gpus: int, concurrent: int, seeds: int, index: int, args, work: Path) -> dict:

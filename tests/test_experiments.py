@@ -143,7 +143,38 @@ def test_gpu_utilization_is_averaged_per_gpu_and_unreadable_samples_are_skipped(
 
     utilization = Utilization(tmp_path)
     utilization.path.write_text("0, 10\n1, 0\n0, 30\n1, [N/A]\n")
-    assert utilization.summary() == {"host_cpu_percent": None, "gpu_percent": {"0": 20.0, "1": 0.0}}
+    assert utilization.summary() == {"host_cpu_percent": None, "gpu_percent": {"0": 20.0, "1": 0.0},
+                                     "cpu_s": {}}
+
+
+def test_cpu_seconds_are_counted_by_part_of_the_tuning_run():
+    """A process marked as an RPC server and a worker under a process marked as `tvmsched tune` each burn
+    about 0.4 s of CPU during the sampling: each part gets its own; the tuning process, which only waits,
+    gets almost none."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from experiments.rpc_tuning import ProcessCpu
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(60)"
+    spawn = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}])"
+    cpu = ProcessCpu()
+    cpu.start()
+    processes = [subprocess.Popen([sys.executable, "-c", code, mark], start_new_session=True)
+                 for code, mark in ((burn, "tvm.exec.rpc_server"), (spawn, "tvmsched tune"))]
+    try:
+        time.sleep(3.0)
+        cpu.stop()
+    finally:
+        for process in processes:  # with the worker the second one started
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    seconds = cpu.seconds()
+    assert 0.3 <= seconds["servers"] < 1.5 and 0.3 <= seconds["tune_workers"] < 1.5
+    assert seconds["tune"] < 0.3
 
 
 def test_bench_mixes_no_rows_measured_otherwise_and_resolves_the_layout_per_precision():

@@ -27,7 +27,7 @@ import tvm_ffi
 from tvm import relax, s_tir
 from tvm.s_tir import dlight
 
-from tvmsched import cpu_schedules, gpu_schedules
+from tvmsched import cpu_schedules, gpu_schedules, nvrtc_source
 from tvmsched.errors import GraphError
 from tvmsched.shared_memory import built_retrying_merged
 from tvmsched.target import TargetSpec, host_cores
@@ -133,6 +133,7 @@ def build_library(kernels: tvm.IRModule, spec: TargetSpec, database=None,
     A kernel whose schedule fails (a dlight rule that raises, or a schedule that does not compile) takes
     the next one of `schedule_candidates`; it is reported in `fallbacks`, and only a kernel left with no
     schedule that compiles fails the build."""
+    nvrtc_source.install()
     tuned = tuned_schedules(kernels, spec, database, keep_default)[0] if database is not None else kernels
     choices = {global_var.name_hint: _KernelChoice(function, tuned[global_var], spec)
                for global_var, function in kernels.functions.items()}

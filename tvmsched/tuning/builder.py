@@ -23,12 +23,15 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 def build_kernel(mod, target):
     """MetaSchedule's default build without `import tvm.s_tir.tensor_intrin`, built again where TVM's
-    shared-memory planning refuses it (`tvmsched.shared_memory`), as model builds do."""
+    shared-memory planning refuses it (`tvmsched.shared_memory`), and compiled without TVM's unused
+    type-traits header (`tvmsched.nvrtc_source`), as model builds do."""
     from tvm.driver import build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    from tvmsched import nvrtc_source
     from tvmsched.shared_memory import built_retrying_merged
 
+    nvrtc_source.install()
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return built_retrying_merged(lambda: build(mod, target=target), target.kind.name)
 
