@@ -45,22 +45,33 @@ def test_a_source_that_uses_an_alias_is_left_as_tvm_wrote_it():
 
 
 @pytest.fixture
+def float32_source() -> str:
+    """Built before `recording_callback` replaces TVM's callback: on a CUDA host the build compiles it."""
+    return cuda_source("float32")
+
+
+@pytest.fixture
 def recording_callback(monkeypatch):
-    """TVM's compile callback replaced by one that records its sources; TVM's put back afterwards."""
+    """TVM's compile callback replaced by one that records its sources, and `tvm_ffi`'s registrations
+    counted; TVM's callback put back afterwards."""
     import tvm.support.nvcc  # noqa: F401
 
     original = tvm.get_global_func(nvrtc_source.CALLBACK)
-    seen = []
+    seen, registered = [], []
     tvm_ffi.register_global_func(nvrtc_source.CALLBACK, lambda code: seen.append(code) or b"cubin",
                                  override=True)
     monkeypatch.setattr(nvrtc_source, "_installed", False)
-    yield seen
-    tvm_ffi.register_global_func(nvrtc_source.CALLBACK, original, override=True)
+    register = tvm_ffi.register_global_func
+    monkeypatch.setattr(tvm_ffi, "register_global_func",
+                        lambda *args, **kwargs: registered.append(args[0]) or register(*args, **kwargs))
+    yield seen, registered
+    register(nvrtc_source.CALLBACK, original, override=True)
 
 
-def test_install_compiles_through_the_callback_it_wraps_once(recording_callback):
-    source = cuda_source("float32")
+def test_install_wraps_the_callback_once_and_compiles_through_it(float32_source, recording_callback):
+    seen, registered = recording_callback
     nvrtc_source.install()
-    nvrtc_source.install()  # a second call wraps nothing again
-    assert bytes(tvm.get_global_func(nvrtc_source.CALLBACK)(source)) == b"cubin"
-    assert recording_callback == [nvrtc_source.without_unused_type_traits(source)]
+    nvrtc_source.install()  # a second call registers nothing
+    assert registered == [nvrtc_source.CALLBACK]
+    assert bytes(tvm.get_global_func(nvrtc_source.CALLBACK)(float32_source)) == b"cubin"
+    assert seen == [nvrtc_source.without_unused_type_traits(float32_source)]

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import tvm
 
-from tvmsched import digests, frontend, measure, weights, zoo
+from tvmsched import digests, frontend, measure, nvrtc_source, weights, zoo
 from tvmsched.codegen import anonymous, build_library
 from tvmsched.cost import CostModel, create_cost_model
 from tvmsched.cost.analytic import AnalyticCost
@@ -551,6 +551,8 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
         if not digests.matches(directory / name, meta_json.get("digests", {}).get(name)):
             raise ArtifactError(f"'{directory / name}' is corrupt or was replaced (its digest differs from "
                                 f"meta.json); rebuild the model")
+    if meta.target.kind == "cuda":
+        nvrtc_source.install()  # a library built without a GPU holds CUDA source, compiled when loaded
     try:
         constants, folded = weights.read(directory)
         library = tvm.runtime.load_module(str(directory / "model.so"))

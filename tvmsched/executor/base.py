@@ -14,6 +14,7 @@ import tvm_ffi
 
 from tvmsched import measure
 from tvmsched.errors import TargetError
+from tvmsched.executor.slabs import Slabs
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.plan import ExecutionPlan
 from tvmsched.registry import registrar
@@ -96,6 +97,7 @@ class Executor(ABC):
 
     name = "executor"
     keeps_every_constant = False  # a constant no kernel of the plan reads gets no device buffer
+    slabbed = False  # device tensors carved from a few large allocations (`executor.slabs`)
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan,
                  constants: dict[str, np.ndarray | tvm.runtime.Tensor], device: tvm.runtime.Device,
@@ -105,13 +107,15 @@ class Executor(ABC):
         self.plan = plan
         self.device = device
         self.pipelined = pipelined
+        self.empty = (Slabs(device).empty if self.slabbed
+                      else lambda shape, dtype: tvm.runtime.empty(shape, dtype, device))
         host = {name: value for name, value in constants.items() if isinstance(value, np.ndarray)}
         self.buffers: dict[str, tvm.runtime.Tensor] = {
             name: value for name, value in constants.items() if name not in host}  # shared; `host`: uploaded
         for tensor in graph.inputs:
-            self.buffers[tensor.name] = tvm.runtime.empty(tensor.shape, tensor.dtype, device)
+            self.buffers[tensor.name] = self.empty(tensor.shape, tensor.dtype)
             self.buffers[tensor.name].copyfrom(np.zeros(tensor.shape, tensor.dtype))
-        pool = [tvm.runtime.empty((size,), "uint8", device) for size in plan.memory.buffer_sizes]
+        pool = [self.empty((size,), "uint8") for size in plan.memory.buffer_sizes]
         for kernel in graph.kernels:
             for tensor in kernel.written:
                 buffer = pool[plan.memory.tensor_buffers[tensor.name]]
@@ -139,8 +143,8 @@ class Executor(ABC):
             self.folded[key] = vendor_call(kernel, lambda name: host[name] if name in host else
                                            self.buffers[name].numpy(), kernel.tactic.split)
         vendor_op, arrays = self.folded[key]
-        return VendorCall(vendor_op, tuple(arrays), tuple(tvm.runtime.empty(array.shape, str(array.dtype),
-                                                                            self.device) for array in arrays))
+        return VendorCall(vendor_op, tuple(arrays), tuple(self.empty(array.shape, str(array.dtype))
+                                                           for array in arrays))
 
     def _upload_order(self, host: dict[str, np.ndarray], calls: dict[int, VendorCall]) -> list[Uploads]:
         """Per kernel in the plan's order, the copies of the weights it reads that no kernel before it
@@ -168,7 +172,7 @@ class Executor(ABC):
 
     def _placed(self, name: str, value: np.ndarray) -> tuple[np.ndarray, tvm.runtime.Tensor]:
         """A new device buffer for constant `name`, paired with its host value."""
-        self.buffers[name] = tvm.runtime.empty(value.shape, str(value.dtype), self.device)
+        self.buffers[name] = self.empty(value.shape, str(value.dtype))
         return value, self.buffers[name]
 
     def upload(self, order: list[Uploads]) -> None:

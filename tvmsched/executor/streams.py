@@ -38,6 +38,8 @@ def _waited_on(launches: tuple[Launch, ...]) -> set[int]:
 class StreamsExecutor(Executor):
     """Launches live on several CUDA streams with event waits: no capture, for debugging."""
 
+    slabbed = True
+
     def __init__(self, *args, **kwargs):
         self.cudart = cuda.runtime()
         self.closed = False
