@@ -379,3 +379,16 @@ def test_scalar_inputs_and_outputs_keep_their_shape(tmp_path):
     loaded = tvmsched.load(compiled.save(tmp_path / "build"))
     assert loaded.inputs[0].shape == () and loaded.outputs[1].shape == ()
     assert loaded.run(feeds)[1].shape == ()
+
+
+def test_only_the_cuda_graph_executor_offloads(branchy_model):
+    """offload() keeps CUDA graphs: a CPU build's sequential executor refuses it, naming the executor to
+    use, and so does an executor made offloadable that cannot be (tests/test_executor_gpu.py runs it)."""
+    from tvmsched.executor import create_executor
+
+    model = tvmsched.compile(branchy_model, target="llvm", batch=2)
+    with pytest.raises(TargetError, match="use the 'cuda-graph' executor, not 'sequential'"):
+        model.offload()
+    with pytest.raises(TargetError, match="'sequential' executor cannot release its memory"):
+        create_executor("sequential", model.library, model.graph, model.plan, model.constants, tvm.cpu(),
+                        offloadable=True)

@@ -177,3 +177,31 @@ def test_a_loaded_builds_first_inference_pipelined_or_not_equals_the_steady_stat
             for _ in range(3):
                 np.testing.assert_array_equal(model(x), firsts[-1])
     np.testing.assert_array_equal(firsts[0], firsts[1])
+
+
+def test_an_offloaded_model_frees_its_memory_and_reloads_in_one_graph(tmp_path):
+    """offload() frees the weights' device memory and keeps the executor; each next run (the reload graph:
+    uploads and plan) and the runs after it (the plan's graph) give the steady state's outputs exactly, for
+    a loaded build (page-locked weights, cuDNN with folded batch norms) and an in-process one (its weights
+    copied once into page-locked memory); the sequential executor cannot offload."""
+    from cuda.bindings import runtime as cudart
+
+    proto = zoo.build("resnet50", batch=1, image_size=SMALL_IMAGE["resnet50"])
+    built = tvmsched.compile(proto, target="cuda", schedule="greedy", cost="analytic", kernels="vendor")
+    built.save(tmp_path)
+    weights = sum(value.nbytes for value in built.constants.values())
+    rng = np.random.default_rng(16)
+    xs = [rng.standard_normal((1, 3, 64, 64)).astype("float32") for _ in range(2)]
+    for model in (tvmsched.load(tmp_path), built):
+        with model:
+            steady = [model(x) for x in xs]
+            model.offload()  # makes an executor whose memory can be freed (the first one's stays pooled)
+            for _ in range(2):
+                for x, expected in zip(xs * 2, steady * 2):
+                    np.testing.assert_array_equal(model(x), expected)
+                free = cudart.cudaMemGetInfo()[1]
+                model.offload()
+                model.offload()  # a second call does nothing
+                assert cudart.cudaMemGetInfo()[1] - free >= 0.9 * weights
+    with pytest.raises(TargetError, match="use the 'cuda-graph' executor"):
+        built.reschedule("sequential", executor="sequential", cost="analytic").offload()

@@ -372,6 +372,26 @@ class CompiledModel:
             if executor is not None:
                 executor.close()
 
+    def offload(self) -> None:
+        """Free the model's GPU memory and keep its executor (`cuda-graph` only), as a server does with a
+        model it may need again: the next run maps the memory back at the same addresses and is one CUDA
+        graph that uploads the weights (from page-locked memory: a loaded build's mapping; other values
+        are copied into page-locked memory once) while the plan runs, each kernel after its own weights;
+        later runs replay the plan's graph. The first call makes an executor whose memory can be freed
+        (where the model's executor cannot, it is closed first) and captures both graphs."""
+        if self.executor_name != "cuda-graph":
+            raise TargetError(f"offload keeps the model's CUDA graphs: use the 'cuda-graph' executor, not "
+                              f"'{self.executor_name}'")
+        with self._lock:
+            if self._executor is not None and not self._executor.offloadable:
+                self._executor.close()
+                self._executor = None
+            if self._executor is None:
+                self._executor = create_executor(self.executor_name, self.library, self.graph, self.plan,
+                                                 self.constants, device_for(self.meta.target), self.folded,
+                                                 self.pipelined, offloadable=True)
+            self._executor.offload()
+
     def __enter__(self) -> CompiledModel:
         return self
 

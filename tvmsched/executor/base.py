@@ -14,7 +14,6 @@ import tvm_ffi
 
 from tvmsched import measure
 from tvmsched.errors import TargetError
-from tvmsched.executor.slabs import Slabs
 from tvmsched.graph import Kernel, KernelGraph
 from tvmsched.plan import ExecutionPlan
 from tvmsched.registry import registrar
@@ -70,11 +69,12 @@ register_executor = registrar(EXECUTORS)  # class decorator: @register_executor(
 
 def create_executor(name: str, library, graph: KernelGraph, plan: ExecutionPlan,
                     constants: dict[str, np.ndarray], device: tvm.runtime.Device, folded: dict | None = None,
-                    pipelined: bool = True) -> Executor:
+                    pipelined: bool = True, offloadable: bool = False) -> Executor:
     if name not in EXECUTORS:
         raise TargetError(f"unknown executor '{name}'; available: {', '.join(sorted(EXECUTORS))}")
     plan.validate(graph)
-    return EXECUTORS[name](library, graph, plan, constants, device, folded=folded, pipelined=pipelined)
+    return EXECUTORS[name](library, graph, plan, constants, device, folded=folded, pipelined=pipelined,
+                           offloadable=offloadable)
 
 
 class Executor(ABC):
@@ -93,37 +93,38 @@ class Executor(ABC):
     fills with what it folds, so that the model's next executor folds nothing. `pipelined` (executors with
     streams): the first inference's kernels each wait for their own weights alone, so that the transfer
     overlaps the computation; otherwise every upload ends before the first inference starts.
+    `offloadable` (the `cuda-graph` executor): its device memory can be released while it is kept
+    (`CudaGraphExecutor.offload`).
     """
 
     name = "executor"
     keeps_every_constant = False  # a constant no kernel of the plan reads gets no device buffer
-    slabbed = False  # device tensors carved from a few large allocations (`executor.slabs`)
 
     def __init__(self, library, graph: KernelGraph, plan: ExecutionPlan,
                  constants: dict[str, np.ndarray | tvm.runtime.Tensor], device: tvm.runtime.Device,
-                 folded: dict | None = None, pipelined: bool = True):
+                 folded: dict | None = None, pipelined: bool = True, offloadable: bool = False):
         self.library = library
         self.graph = graph
         self.plan = plan
         self.device = device
         self.pipelined = pipelined
-        self.empty = (Slabs(device).empty if self.slabbed
-                      else lambda shape, dtype: tvm.runtime.empty(shape, dtype, device))
+        self.offloadable = offloadable
         host = {name: value for name, value in constants.items() if isinstance(value, np.ndarray)}
         self.buffers: dict[str, tvm.runtime.Tensor] = {
             name: value for name, value in constants.items() if name not in host}  # shared; `host`: uploaded
-        for tensor in graph.inputs:
-            self.buffers[tensor.name] = self.empty(tensor.shape, tensor.dtype)
-            self.buffers[tensor.name].copyfrom(np.zeros(tensor.shape, tensor.dtype))
-        pool = [self.empty((size,), "uint8") for size in plan.memory.buffer_sizes]
-        for kernel in graph.kernels:
-            for tensor in kernel.written:
-                buffer = pool[plan.memory.tensor_buffers[tensor.name]]
-                self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
         self.resources = ExitStack()  # releases what the vendor launchers made (and subclasses' own)
         self.libraries: dict[str, VendorLibrary] = {}
         self.vendor_arguments: dict[int, list] = {}  # by kernel: what its plan reads, folded weights too
         try:
+            self.empty = self._allocator(host)
+            for tensor in graph.inputs:
+                self.buffers[tensor.name] = self.empty(tensor.shape, tensor.dtype)
+                self.buffers[tensor.name].copyfrom(np.zeros(tensor.shape, tensor.dtype))
+            pool = [self.empty((size,), "uint8") for size in plan.memory.buffer_sizes]
+            for kernel in graph.kernels:
+                for tensor in kernel.written:
+                    buffer = pool[plan.memory.tensor_buffers[tensor.name]]
+                    self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
             self.folded = {} if folded is None else folded
             calls = {kernel.id: self._folded_call(kernel, host)
                      for kernel in graph.kernels if kernel.implementation_in(plan.tvm_kernels) != "tvm"}
@@ -133,6 +134,13 @@ class Executor(ABC):
         except BaseException:
             self.resources.close()
             raise
+
+    def _allocator(self, host: dict[str, np.ndarray]) -> Callable[[tuple, str], tvm.runtime.Tensor]:
+        """What makes the executor's device tensors, `(shape, dtype) -> tensor`: an allocation each."""
+        if self.offloadable:
+            raise TargetError(f"the '{self.name}' executor cannot release its memory and keep its plan; "
+                              f"use the 'cuda-graph' executor")
+        return lambda shape, dtype: tvm.runtime.empty(shape, dtype, self.device)
 
     def _folded_call(self, kernel: Kernel, host: dict[str, np.ndarray]) -> VendorCall:
         """The kernel's tactic's `VendorCall`, its folded weights from `self.folded` (or folded now, from

@@ -11,6 +11,8 @@ run.
 
 from __future__ import annotations
 
+import ctypes
+import math
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
@@ -20,6 +22,8 @@ from tvmsched import cuda, measure
 from tvmsched.cuda import check
 from tvmsched.errors import TargetError
 from tvmsched.executor.base import Executor, TraceEvent, register_executor, sample_value
+from tvmsched.executor.mapped import MappedArena
+from tvmsched.executor.slabs import Slabs
 from tvmsched.memory import MemoryPlan
 from tvmsched.plan import Launch, make_plan
 
@@ -38,8 +42,6 @@ def _waited_on(launches: tuple[Launch, ...]) -> set[int]:
 class StreamsExecutor(Executor):
     """Launches live on several CUDA streams with event waits: no capture, for debugging."""
 
-    slabbed = True
-
     def __init__(self, *args, **kwargs):
         self.cudart = cuda.runtime()
         self.closed = False
@@ -54,12 +56,20 @@ class StreamsExecutor(Executor):
             self.fork_event = cuda.event(self.resources)
             self.join_events = [cuda.event(self.resources) for _ in self.streams[1:]]
 
+    def _allocator(self, host: dict[str, np.ndarray]):
+        """Tensors carved from slabs (`executor.slabs`)."""
+        if self.offloadable:
+            return super()._allocator(host)
+        return Slabs(self.device).empty
+
     def upload(self, order) -> None:
         """Copy the weights on a stream of their own, in `order`, each kernel's followed by an event that
         the kernel waits on in the first inference (`pipelined`; else the copies end here). From a
         page-locked file mapping (`tvmsched.pinned`) the copies run at the link's speed and the host does not
         wait for them; from pageable memory each waits for the driver's staging."""
         _check_cuda_device(self.device, self.name)
+        if self.offloadable:
+            self.upload_order = order  # what an offloaded executor's next inference uploads again
         self.copy_stream = cuda.stream(self.resources)
         self.resources.callback(self.finish_uploads)  # closing waits for copies in flight (LIFO: first)
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
@@ -203,13 +213,37 @@ class StreamsExecutor(Executor):
 class CudaGraphExecutor(StreamsExecutor):
     """Captures the multi-stream launches once into a CUDA Graph; each inference after the first is one
     graph launch. The first is issued live, each kernel after its own weights' upload; the second
-    captures the plan (a timing captures it before it starts)."""
+    captures the plan (a timing captures it before it starts).
+
+    Made `offloadable`, its tensors lie in a `MappedArena`, and `offload()` frees their memory while the
+    executor, its launchers and its graphs are kept: the next inference maps the memory again at the same
+    addresses and is one CUDA graph that copies the weights (from page-locked host memory) and runs the
+    plan, each kernel after its own weights."""
 
     def __init__(self, *args, **kwargs):
+        self.arena: MappedArena | None = None
+        self.reload_exec = None  # the graph of an offloaded executor's next inference
+        self.reload_sources: list[np.ndarray] = []  # the host values it copies
+        self.offloaded = False
         super().__init__(*args, **kwargs)
         self.graph_exec = None
 
+    def _allocator(self, host: dict[str, np.ndarray]):
+        if not self.offloadable:
+            return super()._allocator(host)
+        inputs = sum(math.prod(tensor.shape) * np.dtype(tensor.dtype).itemsize
+                     for tensor in self.graph.inputs)
+        used = sum(value.nbytes for value in host.values()) + sum(self.plan.memory.buffer_sizes) + inputs
+        self.arena = MappedArena(self.device, 2 * used + (256 << 20))  # folded weights replace constants
+        self.resources.callback(self.arena.close)  # first registered: closed last
+        return self.arena.empty
+
     def launch(self) -> None:
+        if self.offloaded:
+            self._resident()
+            cuda.launch_graph(self.reload_exec, self.main_stream)
+            self.offloaded = False
+            return
         if self.graph_exec is None and not self.warmed:
             self.issue()
             return
@@ -221,12 +255,95 @@ class CudaGraphExecutor(StreamsExecutor):
             self.graph_exec = self.graph_executable(self.resources, self.plan.launches)
         return self.graph_exec
 
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        self._resident()  # the inputs are copied in before the launch
+        return super().run(inputs)
+
+    def offload(self) -> None:
+        """Free the device memory and keep everything else; a second call does nothing. The first also
+        captures the plan's graph and the reload graph (issuing the plan once if it never ran)."""
+        if self.arena is None:
+            raise TargetError("this executor was not made offloadable "
+                              "(create_executor(..., offloadable=True))")
+        if self.offloaded:
+            return
+        self._resident()
+        if not self.warmed:
+            self.issue()
+        self._captured()
+        if self.reload_exec is None:
+            self.reload_exec = self._reload_graph()
+        self.synchronize()
+        self.arena.release()
+        self.offloaded = True
+
+    def _reloaded(self) -> None:
+        """An offloaded executor's weights back on the device (the reload graph run), before a timing."""
+        if self.offloaded:
+            self.launch()
+            self.synchronize()
+
+    def _resident(self) -> None:
+        """Map the memory back where it was released (what it holds is undefined until the reload graph
+        runs: the weights and every buffer)."""
+        if self.arena is not None:
+            self.arena.restore()
+
+    def _reload_graph(self):
+        """The CUDA graph of an offloaded executor's next inference: the upload order's copies on the copy
+        stream, an event after each kernel's, and the plan issued with each kernel waiting on its own. The
+        copies read page-locked memory: a host value that is not is copied once into page-locked memory
+        kept with the executor."""
+        cudart, main = self.cudart, self.main_stream
+        copies = [self._page_locked(uploads.copies) for uploads in self.upload_order]
+        events = {uploads.kernel: cuda.event(self.resources)
+                  for uploads in self.upload_order if uploads.waits}
+        copied = cuda.event(self.resources)
+        kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+
+        def reload() -> None:
+            check(cudart.cudaEventRecord(self.fork_event, main))
+            check(cudart.cudaStreamWaitEvent(self.copy_stream, self.fork_event, 0))
+            for uploads, pairs in zip(self.upload_order, copies):
+                for (pointer, nbytes), buffer in pairs:
+                    check(cudart.cudaMemcpyAsync(buffer.data_ptr(), pointer, nbytes, kind, self.copy_stream))
+                if uploads.waits:
+                    check(cudart.cudaEventRecord(events[uploads.kernel], self.copy_stream))
+            self.uploads = dict(events)  # the plan's issue waits on them, once
+            self.issue()
+            check(cudart.cudaEventRecord(copied, self.copy_stream))
+            check(cudart.cudaStreamWaitEvent(main, copied, 0))
+
+        return cuda.capture(self.resources, main, reload)
+
+    def _page_locked(self, pairs):
+        """(pointer, bytes) of each host value's page-locked copy, with its device buffer; values already
+        in page-locked memory (a loaded build's mapping) are read in place."""
+        cudart = self.cudart
+        located = []
+        for value, buffer in pairs:
+            source = np.ascontiguousarray(value)
+            if not source.nbytes:
+                continue
+            attributes = check(cudart.cudaPointerGetAttributes(source.ctypes.data))
+            if attributes.type != cudart.cudaMemoryType.cudaMemoryTypeHost:
+                pointer = cuda.own(self.resources, cudart.cudaMallocHost(source.nbytes), cudart.cudaFreeHost)
+                ctypes.memmove(pointer, source.ctypes.data, source.nbytes)
+                located.append(((pointer, source.nbytes), buffer))
+            else:
+                self.reload_sources.append(source)  # kept alive while the executor may reload
+                located.append(((source.ctypes.data, source.nbytes), buffer))
+        return located
+
     def time_launches(self, repeat: int) -> list[float]:
+        self._reloaded()
         self._captured()  # not inside the first timed inference
         return super().time_launches(repeat)
 
     def trace(self) -> list[TraceEvent]:
         """One replay of the plan's CUDA Graph captured with timing-event nodes around each kernel."""
+        self._reloaded()
+
         def replay(timing, origin) -> None:
             with self.captured(self.plan.launches, timing=timing, origin=origin) as executable:
                 for _ in range(2):  # the first replay uploads the graph
