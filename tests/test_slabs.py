@@ -27,6 +27,11 @@ def test_tensors_are_aligned_disjoint_views_and_big_ones_are_allocated_alone():
         np.testing.assert_array_equal(tensor.numpy(), value)
 
 
+def test_a_zero_size_first_tensor_opens_a_slab():
+    tensor = Slabs(tvm.cpu(), slab_bytes=4096).empty((0,), "float32")
+    assert tuple(tensor.shape) == (0,) and tensor.data_ptr() % ALIGNMENT == 0
+
+
 def test_a_full_slab_opens_the_next_and_views_keep_their_slab_alive():
     slabs = Slabs(tvm.cpu(), slab_bytes=4096)
     first = slabs.empty((256,), "float32")  # 1024 bytes each: at most four fit a slab

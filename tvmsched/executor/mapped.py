@@ -59,8 +59,12 @@ class MappedArena:
         self.handles: list[tuple[int, int, object]] = []  # (offset, bytes, physical memory) mapped now
         self.mapped = 0  # bytes from the base that have memory behind them (before any release)
         self.used = 0
-        self._map(0, min(self.size, self._rounded(CHUNK)))  # DLPack asks the driver about the base
-        self.whole = tvm_ffi.from_dlpack(Buffer.from_handle(self.base, self.size))
+        try:
+            self._map(0, min(self.size, self._rounded(CHUNK)))  # DLPack asks the driver about the base
+            self.whole = tvm_ffi.from_dlpack(Buffer.from_handle(self.base, self.size))
+        except BaseException:
+            self.close()
+            raise
         self.view = tvm.get_global_func("vm.builtin.ensure_zero_offset")
 
     @property
@@ -90,26 +94,35 @@ class MappedArena:
         self.handles = []
 
     def restore(self) -> None:
-        """Map physical memory behind every carved address again, in one piece; its contents are undefined."""
+        """Map physical memory behind every carved address again, in one piece; its contents are undefined.
+        A restore that fails (out of memory) leaves the arena released, to be restored again."""
         if self.released:
-            mapped, self.mapped = self.mapped, 0
-            self._map(0, mapped)
+            self._map(0, self.mapped)
 
     def close(self) -> None:
-        self.release()
-        check(driver().cuMemAddressFree(self.base, self.size))
+        """Free memory and addresses; the arena maps nothing afterwards. A second call does nothing."""
+        if self.base is not None:
+            self.release()
+            check(driver().cuMemAddressFree(self.base, self.size))
+            self.base, self.mapped = None, 0
 
     def _map(self, offset: int, size: int) -> None:
+        """Physical memory behind [offset, offset + size), readable and writable by the device; on failure
+        nothing of it stays."""
         cu = driver()
         handle = check(cu.cuMemCreate(size, self.prop, 0))
         try:
             check(cu.cuMemMap(self.base + offset, size, 0, handle, 0))
+            try:
+                check(cu.cuMemSetAccess(self.base + offset, size, [self.access], 1))
+            except TargetError:
+                check(cu.cuMemUnmap(self.base + offset, size))
+                raise
         except TargetError:
             check(cu.cuMemRelease(handle))
             raise
         self.handles.append((offset, size, handle))
-        check(cu.cuMemSetAccess(self.base + offset, size, [self.access], 1))
-        self.mapped = offset + size
+        self.mapped = max(self.mapped, offset + size)
 
     def _rounded(self, size: int) -> int:
         return -(-size // self.granularity) * self.granularity

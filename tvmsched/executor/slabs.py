@@ -24,14 +24,14 @@ class Slabs:
         self.device = device
         self.slab_bytes = slab_bytes
         self.slab: tvm.runtime.Tensor | None = None
-        self.offset = slab_bytes  # no slab yet: the first tensor opens one
+        self.offset = 0
         self.view = tvm.get_global_func("vm.builtin.ensure_zero_offset")  # the offset into the pointer
 
     def empty(self, shape, dtype: str) -> tvm.runtime.Tensor:
         nbytes = math.prod(int(dim) for dim in shape) * np.dtype(dtype).itemsize
         if nbytes > self.slab_bytes // 4:
             return tvm.runtime.empty(shape, dtype, self.device)
-        if self.offset + nbytes > self.slab_bytes:  # a new slab, its first tensor at an aligned address
+        if self.slab is None or self.offset + nbytes > self.slab_bytes:  # a new slab, aligned from its start
             self.slab = tvm.runtime.empty((self.slab_bytes + ALIGNMENT,), "uint8", self.device)
             self.offset = -self.slab.data_ptr() % ALIGNMENT
         tensor = self.view(self.slab._create_view(shape, dtype, self.offset))

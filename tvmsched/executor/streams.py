@@ -265,6 +265,7 @@ class CudaGraphExecutor(StreamsExecutor):
         if self.arena is None:
             raise TargetError("this executor was not made offloadable "
                               "(create_executor(..., offloadable=True))")
+        self.main_stream  # noqa: B018  (refuses a closed executor)
         if self.offloaded:
             return
         self._resident()
@@ -285,7 +286,8 @@ class CudaGraphExecutor(StreamsExecutor):
 
     def _resident(self) -> None:
         """Map the memory back where it was released (what it holds is undefined until the reload graph
-        runs: the weights and every buffer)."""
+        runs: the weights and every buffer); refuses a closed executor."""
+        self.main_stream  # noqa: B018  (raises on a closed executor, whose addresses are given back)
         if self.arena is not None:
             self.arena.restore()
 

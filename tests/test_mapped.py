@@ -1,0 +1,134 @@
+"""The reserved device address range an offloadable executor carves its tensors from
+(`tvmsched.executor.mapped`), over a stand-in for cuda-python's driver: the "device" is a CPU tensor as
+large as the reservation; the stand-in records what is mapped and can run out of memory."""
+
+import enum
+import types
+
+import cuda.core
+import pytest
+import tvm
+
+from tvmsched.errors import TargetError
+from tvmsched.executor import mapped
+from tvmsched.executor.slabs import ALIGNMENT
+
+GRANULARITY = 2 << 20
+
+
+class CUresult(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+class FakeDriver:
+    CUresult = CUresult
+    CUmemAllocationType = types.SimpleNamespace(CU_MEM_ALLOCATION_TYPE_PINNED=1)
+    CUmemLocationType = types.SimpleNamespace(CU_MEM_LOCATION_TYPE_DEVICE=1)
+    CUmemAccess_flags = types.SimpleNamespace(CU_MEM_ACCESS_FLAGS_PROT_READWRITE=3)
+    CUmemAllocationGranularity_flags = types.SimpleNamespace(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED=1)
+
+    def __init__(self):
+        self.reserved: dict[int, int] = {}  # base -> bytes
+        self.maps: dict[int, int] = {}  # address -> bytes mapped there
+        self.handles: set[int] = set()  # physical memory not released
+        self.out_of_memory = False
+        self.made = 0
+
+    def CUmemAllocationProp(self):
+        return types.SimpleNamespace(location=types.SimpleNamespace())
+
+    def CUmemAccessDesc(self):
+        return types.SimpleNamespace(location=types.SimpleNamespace())
+
+    def cuGetErrorName(self, error):
+        return CUresult.CUDA_SUCCESS, CUresult(error).name.encode()
+
+    def cuMemGetAllocationGranularity(self, prop, flags):
+        return CUresult.CUDA_SUCCESS, GRANULARITY
+
+    def cuMemAddressReserve(self, size, alignment, address, flags):
+        self.backing = tvm.runtime.empty((size,), "uint8", tvm.cpu())
+        self.reserved[self.backing.data_ptr()] = size
+        return CUresult.CUDA_SUCCESS, self.backing.data_ptr()
+
+    def cuMemAddressFree(self, base, size):
+        assert self.reserved.pop(base) == size and not self.maps
+        return CUresult.CUDA_SUCCESS
+
+    def cuMemCreate(self, size, prop, flags):
+        if self.out_of_memory:
+            return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
+        self.made += 1
+        self.handles.add(self.made)
+        return CUresult.CUDA_SUCCESS, self.made
+
+    def cuMemRelease(self, handle):
+        self.handles.remove(handle)
+        return CUresult.CUDA_SUCCESS
+
+    def cuMemMap(self, address, size, offset, handle, flags):
+        assert any(base <= address and address + size <= base + n for base, n in self.reserved.items())
+        self.maps[address] = size
+        return CUresult.CUDA_SUCCESS
+
+    def cuMemUnmap(self, address, size):
+        assert self.maps.pop(address) == size
+        return CUresult.CUDA_SUCCESS
+
+    def cuMemSetAccess(self, address, size, descriptors, count):
+        return CUresult.CUDA_SUCCESS
+
+    def cuCtxSynchronize(self):
+        return CUresult.CUDA_SUCCESS
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    driver = FakeDriver()
+    monkeypatch.setattr(mapped, "driver", lambda: driver)
+    monkeypatch.setattr(mapped, "CHUNK", GRANULARITY)
+    monkeypatch.setattr(mapped.tvm_ffi, "from_dlpack", lambda buffer: driver.backing)
+    monkeypatch.setattr(cuda.core, "Buffer", types.SimpleNamespace(from_handle=lambda pointer, size: None))
+    return driver
+
+
+def test_tensors_are_carved_in_order_and_mapped_back_in_one_piece(fake):
+    arena = mapped.MappedArena(tvm.cpu(), 16 << 20)
+    tensors = [arena.empty(shape, dtype) for shape, dtype in (((1 << 18,), "float32"), ((3,), "int8"),
+                                                               ((1 << 19,), "float32"))]
+    assert [tensor.data_ptr() - arena.base for tensor in tensors] == [0, 1 << 20, (1 << 20) + ALIGNMENT]
+    assert sorted(fake.maps.values()) == [GRANULARITY, GRANULARITY]  # grown by a chunk for the third
+    arena.release()
+    assert arena.released and not fake.maps and not fake.handles
+    arena.restore()
+    assert fake.maps == {arena.base: 2 * GRANULARITY} and len(fake.handles) == 1 and not arena.released
+    arena.close()
+    assert not fake.reserved and not fake.handles
+
+
+def test_a_restore_that_runs_out_of_memory_can_be_tried_again(fake):
+    arena = mapped.MappedArena(tvm.cpu(), 16 << 20)
+    arena.empty((16,), "float32")
+    arena.release()
+    fake.out_of_memory = True
+    with pytest.raises(TargetError, match="CUDA_ERROR_OUT_OF_MEMORY"):
+        arena.restore()
+    assert arena.released and not fake.maps
+    fake.out_of_memory = False
+    arena.restore()
+    assert fake.maps == {arena.base: GRANULARITY}
+    arena.close()
+
+
+def test_a_failed_construction_and_a_closed_arena_keep_nothing(fake):
+    fake.out_of_memory = True
+    with pytest.raises(TargetError):
+        mapped.MappedArena(tvm.cpu(), 16 << 20)
+    assert not fake.reserved
+    fake.out_of_memory = False
+    arena = mapped.MappedArena(tvm.cpu(), 16 << 20)
+    arena.close()
+    arena.close()
+    arena.restore()  # maps nothing into the addresses given back
+    assert not fake.reserved and not fake.maps and not fake.handles
