@@ -132,3 +132,21 @@ def test_a_failed_construction_and_a_closed_arena_keep_nothing(fake):
     arena.close()
     arena.restore()  # maps nothing into the addresses given back
     assert not fake.reserved and not fake.maps and not fake.handles
+
+
+def test_the_reload_graph_merges_neighbouring_weights_and_orders_each_kernels_event_after_them():
+    from tvmsched.executor.streams import FILE_PADDING, MERGED_BYTES, _merged
+
+    page = FILE_PADDING
+    copies = [[(1000, 50_000, 100, 1), (1000 + page, 50_000 + page, 200, 1)],  # a weight, its neighbour
+              [(1000 + 2 * page, 50_000 + 2 * page, 8, 1)],  # the next kernel's, merged too
+              [],  # a kernel that reads an earlier kernel's weights: its event after them
+              [(90_000, 10_000, 16, 1)],  # elsewhere: a copy of its own
+              [(90_000 + page, 10_000 + page + 64, 16, 1)],  # padding differs: not merged
+              [(90_000 + 2 * page, 10_000 + 2 * page + 64, 8, 2)]]  # neighbours, but in two regions
+    assert _merged(copies, ["a", "b", "c", None, "e", None]) == [
+        (1000, 50_000, 2 * page + 8), "a", "b", "c", (90_000, 10_000, 16),
+        (90_000 + page, 10_000 + page + 64, 16), "e", (90_000 + 2 * page, 10_000 + 2 * page + 64, 8)]
+    big = MERGED_BYTES // 2 + page
+    halves = [[(0, 0, big, 1)], [(big, big, big, 1)]]  # together over MERGED_BYTES
+    assert _merged(halves, ["x", "y"]) == [(0, 0, big), "x", (big, big, big), "y"]

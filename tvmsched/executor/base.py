@@ -151,8 +151,7 @@ class Executor(ABC):
             self.folded[key] = vendor_call(kernel, lambda name: host[name] if name in host else
                                            self.buffers[name].numpy(), kernel.tactic.split)
         vendor_op, arrays = self.folded[key]
-        return VendorCall(vendor_op, tuple(arrays), tuple(self.empty(array.shape, str(array.dtype))
-                                                           for array in arrays))
+        return VendorCall(vendor_op, tuple(arrays), tuple(self.empty_like(array) for array in arrays))
 
     def _upload_order(self, host: dict[str, np.ndarray], calls: dict[int, VendorCall]) -> list[Uploads]:
         """Per kernel in the plan's order, the copies of the weights it reads that no kernel before it
@@ -180,8 +179,12 @@ class Executor(ABC):
 
     def _placed(self, name: str, value: np.ndarray) -> tuple[np.ndarray, tvm.runtime.Tensor]:
         """A new device buffer for constant `name`, paired with its host value."""
-        self.buffers[name] = self.empty(value.shape, str(value.dtype))
+        self.buffers[name] = self.empty_like(value)
         return value, self.buffers[name]
+
+    def empty_like(self, value: np.ndarray) -> tvm.runtime.Tensor:
+        """A new device tensor for the host value `value` (a weight or a folded weight)."""
+        return self.empty(value.shape, str(value.dtype))
 
     def upload(self, order: list[Uploads]) -> None:
         """Copy each host value of `_upload_order` into its device buffer; here one after another, each

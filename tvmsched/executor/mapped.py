@@ -71,15 +71,19 @@ class MappedArena:
     def released(self) -> bool:
         return not self.handles and self.mapped > 0
 
-    def empty(self, shape, dtype: str) -> tvm.runtime.Tensor:
-        """A new tensor after the last one, at an address aligned to ALIGNMENT."""
+    def empty(self, shape, dtype: str, at: int | None = None) -> tvm.runtime.Tensor:
+        """A new tensor after the last one, at an address aligned to ALIGNMENT, or at offset `at` (aligned,
+        not before the end of the last one)."""
+        start = self.used if at is None else at
+        if start < self.used or start % ALIGNMENT:
+            raise ValueError(f"offset {start} is taken or unaligned (next free: {self.used})")
         nbytes = math.prod(int(dim) for dim in shape) * np.dtype(dtype).itemsize
-        end = self.used + max(nbytes, 1)
+        end = start + max(nbytes, 1)
         if end > self.size:
             raise TargetError(f"the executor's device tensors outgrew their reserved {self.size} bytes")
         if end > self.mapped:
             self._map(self.mapped, min(self.size, self._rounded(max(end, self.mapped + CHUNK))) - self.mapped)
-        tensor = self.view(tvm.runtime.Tensor._create_view(self.whole, shape, dtype, self.used))
+        tensor = self.view(tvm.runtime.Tensor._create_view(self.whole, shape, dtype, start))
         self.used = -(-end // ALIGNMENT) * ALIGNMENT
         return tensor
 

@@ -17,13 +17,14 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
 import numpy as np
+import tvm
 
-from tvmsched import cuda, measure
+from tvmsched import cuda, measure, weights
 from tvmsched.cuda import check
 from tvmsched.errors import TargetError
 from tvmsched.executor.base import Executor, TraceEvent, register_executor, sample_value
 from tvmsched.executor.mapped import MappedArena
-from tvmsched.executor.slabs import Slabs
+from tvmsched.executor.slabs import ALIGNMENT, Slabs
 from tvmsched.memory import MemoryPlan
 from tvmsched.plan import Launch, make_plan
 
@@ -224,6 +225,7 @@ class CudaGraphExecutor(StreamsExecutor):
         self.arena: MappedArena | None = None
         self.reload_exec = None  # the graph of an offloaded executor's next inference
         self.reload_sources: list[np.ndarray] = []  # the host values it copies
+        self.last_placed: tuple[int, int, int] | None = None  # host pointer, bytes, arena offset
         self.offloaded = False
         super().__init__(*args, **kwargs)
         self.graph_exec = None
@@ -237,6 +239,23 @@ class CudaGraphExecutor(StreamsExecutor):
         self.arena = MappedArena(self.device, 2 * used + (256 << 20))  # folded weights replace constants
         self.resources.callback(self.arena.close)  # first registered: closed last
         return self.arena.empty
+
+    def empty_like(self, value: np.ndarray) -> tvm.runtime.Tensor:
+        """In the arena, a weight that follows the last one placed in host memory (the next entry of a loaded
+        build's weights file, within its page padding) keeps the same distance on the device, so that the
+        reload graph copies such neighbours at once (`_merged`)."""
+        if self.arena is None:
+            return super().empty_like(value)
+        start, last = value.ctypes.data, self.last_placed
+        self.last_placed = (start, value.nbytes, self.arena.used)
+        if last is not None:
+            host, nbytes, device = last
+            gap = start - host
+            if 0 <= start - (host + nbytes) < FILE_PADDING and gap % ALIGNMENT == 0 and device + gap >= \
+                    self.arena.used:
+                self.last_placed = (start, value.nbytes, device + gap)
+                return self.arena.empty(value.shape, str(value.dtype), at=device + gap)
+        return self.arena.empty(value.shape, str(value.dtype))
 
     def launch(self) -> None:
         if self.offloaded:
@@ -294,10 +313,9 @@ class CudaGraphExecutor(StreamsExecutor):
     def _reload_graph(self):
         """The CUDA graph of an offloaded executor's next inference: the upload order's copies on the copy
         stream, an event after each kernel's, and the plan issued with each kernel waiting on its own. The
-        copies read page-locked memory: a host value that is not is copied once into page-locked memory
-        kept with the executor."""
+        copies read page-locked memory (`_page_locked`)."""
         cudart, main = self.cudart, self.main_stream
-        copies = [self._page_locked(uploads.copies) for uploads in self.upload_order]
+        copies = self._page_locked()
         events = {uploads.kernel: cuda.event(self.resources)
                   for uploads in self.upload_order if uploads.waits}
         copied = cuda.event(self.resources)
@@ -306,11 +324,11 @@ class CudaGraphExecutor(StreamsExecutor):
         def reload() -> None:
             check(cudart.cudaEventRecord(self.fork_event, main))
             check(cudart.cudaStreamWaitEvent(self.copy_stream, self.fork_event, 0))
-            for uploads, pairs in zip(self.upload_order, copies):
-                for (pointer, nbytes), buffer in pairs:
-                    check(cudart.cudaMemcpyAsync(buffer.data_ptr(), pointer, nbytes, kind, self.copy_stream))
-                if uploads.waits:
-                    check(cudart.cudaEventRecord(events[uploads.kernel], self.copy_stream))
+            for item in _merged(copies, [events.get(uploads.kernel) for uploads in self.upload_order]):
+                if isinstance(item, tuple):
+                    check(cudart.cudaMemcpyAsync(*item, kind, self.copy_stream))
+                else:
+                    check(cudart.cudaEventRecord(item, self.copy_stream))
             self.uploads = dict(events)  # the plan's issue waits on them, once
             self.issue()
             check(cudart.cudaEventRecord(copied, self.copy_stream))
@@ -318,23 +336,30 @@ class CudaGraphExecutor(StreamsExecutor):
 
         return cuda.capture(self.resources, main, reload)
 
-    def _page_locked(self, pairs):
-        """(pointer, bytes) of each host value's page-locked copy, with its device buffer; values already
-        in page-locked memory (a loaded build's mapping) are read in place."""
+    def _page_locked(self) -> list[list[tuple[int, int, int, tuple]]]:
+        """Per entry of the upload order, its copies as (device pointer, host pointer, bytes, host region):
+        a host value in page-locked memory (a loaded build's mapping, region: the mapping) is read in
+        place; any other is copied once into page-locked memory of its own, kept with the executor (a
+        region of its own: a copy spanning two page-locked allocations is refused, `_merged`)."""
         cudart = self.cudart
         located = []
-        for value, buffer in pairs:
-            source = np.ascontiguousarray(value)
-            if not source.nbytes:
-                continue
-            attributes = check(cudart.cudaPointerGetAttributes(source.ctypes.data))
-            if attributes.type != cudart.cudaMemoryType.cudaMemoryTypeHost:
-                pointer = cuda.own(self.resources, cudart.cudaMallocHost(source.nbytes), cudart.cudaFreeHost)
-                ctypes.memmove(pointer, source.ctypes.data, source.nbytes)
-                located.append(((pointer, source.nbytes), buffer))
-            else:
+        for uploads in self.upload_order:
+            row = []
+            for value, buffer in uploads.copies:
+                source = np.ascontiguousarray(value)
+                if not source.nbytes:
+                    continue
                 self.reload_sources.append(source)  # kept alive while the executor may reload
-                located.append(((source.ctypes.data, source.nbytes), buffer))
+                attributes = check(cudart.cudaPointerGetAttributes(source.ctypes.data))
+                if attributes.type == cudart.cudaMemoryType.cudaMemoryTypeHost:
+                    base = source.base if isinstance(source.base, np.ndarray) else source
+                    row.append((buffer.data_ptr(), source.ctypes.data, source.nbytes, ("in place", id(base))))
+                else:
+                    pointer = cuda.own(self.resources, cudart.cudaMallocHost(source.nbytes),
+                                       cudart.cudaFreeHost)
+                    ctypes.memmove(pointer, source.ctypes.data, source.nbytes)
+                    row.append((buffer.data_ptr(), pointer, source.nbytes, ("staged", pointer)))
+            located.append(row)
         return located
 
     def time_launches(self, repeat: int) -> list[float]:
@@ -352,6 +377,38 @@ class CudaGraphExecutor(StreamsExecutor):
                     cuda.launch_graph(executable, self.main_stream)
                     self.synchronize()
         return self._timed(replay)
+
+
+FILE_PADDING = weights.ALIGNMENT  # each entry of a build's weights file starts on a page
+MERGED_BYTES = 8 << 20  # at most one copy of the reload graph: a kernel waits for its own weights' copy
+
+
+def _merged(copies: list[list[tuple[int, int, int, object]]], events: list) -> list:
+    """The reload graph's copies (destination, source, bytes, host region) per kernel, neighbours of one
+    region that lie at the same distance in host and device memory merged into one copy (with the padding
+    between them) of up to MERGED_BYTES, each kernel's event (None: none) after the copy that ends its
+    weights: a sequence of copies (destination, source, bytes) and events in issue order."""
+    out: list = []
+    current: list | None = None
+    waiting: list = []
+    for kernel_copies, event in zip(copies, events):
+        for destination, source, nbytes, region in kernel_copies:
+            if current is not None and region == current[3] and \
+                    source - current[1] == destination - current[0] and \
+                    0 <= source - (current[1] + current[2]) < FILE_PADDING and \
+                    source + nbytes - current[1] <= MERGED_BYTES:
+                current[2] = source + nbytes - current[1]
+                continue
+            if current is not None:
+                out.append(tuple(current[:3]))
+                out.extend(waiting)
+                waiting = []
+            current = [destination, source, nbytes, region]
+        if event is not None:
+            waiting.append(event)
+    if current is not None:
+        out.append(tuple(current[:3]))
+    return out + waiting
 
 
 class StageTimer(StreamsExecutor):
