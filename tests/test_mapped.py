@@ -134,19 +134,24 @@ def test_a_failed_construction_and_a_closed_arena_keep_nothing(fake):
     assert not fake.reserved and not fake.maps and not fake.handles
 
 
-def test_the_reload_graph_merges_neighbouring_weights_and_orders_each_kernels_event_after_them():
-    from tvmsched.executor.streams import FILE_PADDING, MERGED_BYTES, _merged
+def test_the_reload_graph_merges_only_weights_placed_as_neighbours_and_orders_each_kernels_event_after_them():
+    from tvmsched.executor.streams import MERGED_BYTES, _merged
 
-    page = FILE_PADDING
+    page = 4096
     copies = [[(1000, 50_000, 100, 1), (1000 + page, 50_000 + page, 200, 1)],  # a weight, its neighbour
               [(1000 + 2 * page, 50_000 + 2 * page, 8, 1)],  # the next kernel's, merged too
               [],  # a kernel that reads an earlier kernel's weights: its event after them
               [(90_000, 10_000, 16, 1)],  # elsewhere: a copy of its own
-              [(90_000 + page, 10_000 + page + 64, 16, 1)],  # padding differs: not merged
-              [(90_000 + 2 * page, 10_000 + 2 * page + 64, 8, 2)]]  # neighbours, but in two regions
-    assert _merged(copies, ["a", "b", "c", None, "e", None]) == [
-        (1000, 50_000, 2 * page + 8), "a", "b", "c", (90_000, 10_000, 16),
-        (90_000 + page, 10_000 + page + 64, 16), "e", (90_000 + 2 * page, 10_000 + 2 * page + 64, 8)]
+              [(90_000 + page, 10_000 + page, 16, 1)],  # at the same distance, but not placed as a neighbour
+              [(90_000 + 2 * page, 10_000 + 2 * page, 8, 2)]]  # placed as one, but in another host region
+    follows = {1000 + page: 1000, 1000 + 2 * page: 1000 + page, 90_000 + 2 * page: 90_000 + page}
+    assert _merged(copies, ["a", "b", "c", None, "e", None], follows) == [
+        (1000, 50_000, 2 * page + 8), "a", "b", "c", (90_000, 10_000, 16), (90_000 + page, 10_000 + page, 16),
+        "e", (90_000 + 2 * page, 10_000 + 2 * page, 8)]
     big = MERGED_BYTES // 2 + page
     halves = [[(0, 0, big, 1)], [(big, big, big, 1)]]  # together over MERGED_BYTES
-    assert _merged(halves, ["x", "y"]) == [(0, 0, big), "x", (big, big, big), "y"]
+    assert _merged(halves, ["x", "y"], {big: 0}) == [(0, 0, big), "x", (big, big, big), "y"]
+    # copied in another order than placed (file F1, F3, F2; launches 2, 1, 3): F2 is not merged over
+    f1, f3, f2 = (0, 0, 2048, 1), (page, page, 2048, 1), (2 * page, 2 * page, 2048, 1)
+    order = _merged([[f2], [f1], [f3]], ["e2", "e1", "e3"], {page: 0, 2 * page: page})
+    assert order == [(2 * page, 2 * page, 2048), "e2", (0, 0, page + 2048), "e1", "e3"]

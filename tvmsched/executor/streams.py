@@ -225,7 +225,8 @@ class CudaGraphExecutor(StreamsExecutor):
         self.arena: MappedArena | None = None
         self.reload_exec = None  # the graph of an offloaded executor's next inference
         self.reload_sources: list[np.ndarray] = []  # the host values it copies
-        self.last_placed: tuple[int, int, int] | None = None  # host pointer, bytes, arena offset
+        self.last_placed: tuple[int, int, int, int] | None = None  # host pointer, bytes, offset, arena end
+        self.follows: dict[int, int] = {}  # device pointer -> that of the neighbour it was placed after
         self.offloaded = False
         super().__init__(*args, **kwargs)
         self.graph_exec = None
@@ -236,26 +237,31 @@ class CudaGraphExecutor(StreamsExecutor):
         inputs = sum(math.prod(tensor.shape) * np.dtype(tensor.dtype).itemsize
                      for tensor in self.graph.inputs)
         used = sum(value.nbytes for value in host.values()) + sum(self.plan.memory.buffer_sizes) + inputs
-        self.arena = MappedArena(self.device, 2 * used + (256 << 20))  # folded weights replace constants
+        padding = 2 * len(host) * FILE_PADDING  # neighbours keep their file's page padding (`empty_like`)
+        self.arena = MappedArena(self.device, 2 * used + padding + (256 << 20))  # folds replace constants
         self.resources.callback(self.arena.close)  # first registered: closed last
         return self.arena.empty
 
     def empty_like(self, value: np.ndarray) -> tvm.runtime.Tensor:
-        """In the arena, a weight that follows the last one placed in host memory (the next entry of a loaded
-        build's weights file, within its page padding) keeps the same distance on the device, so that the
-        reload graph copies such neighbours at once (`_merged`)."""
+        """In the arena, a weight that follows the last tensor carved, and in host memory the last weight
+        placed (the next entry of a loaded build's weights file, within its page padding), keeps the same
+        distance on the device (`follows`), so that the reload graph copies such neighbours at once
+        (`_merged`): nothing else lies between them."""
         if self.arena is None:
             return super().empty_like(value)
         start, last = value.ctypes.data, self.last_placed
-        self.last_placed = (start, value.nbytes, self.arena.used)
+        at = None
         if last is not None:
-            host, nbytes, device = last
+            host, nbytes, device, end = last
             gap = start - host
-            if 0 <= start - (host + nbytes) < FILE_PADDING and gap % ALIGNMENT == 0 and device + gap >= \
-                    self.arena.used:
-                self.last_placed = (start, value.nbytes, device + gap)
-                return self.arena.empty(value.shape, str(value.dtype), at=device + gap)
-        return self.arena.empty(value.shape, str(value.dtype))
+            if 0 <= start - (host + nbytes) < FILE_PADDING and gap % ALIGNMENT == 0 and \
+                    self.arena.used == end:
+                at = device + gap
+        tensor = self.arena.empty(value.shape, str(value.dtype), at=at)
+        if at is not None:
+            self.follows[tensor.data_ptr()] = self.arena.base + last[2]
+        self.last_placed = (start, value.nbytes, tensor.data_ptr() - self.arena.base, self.arena.used)
+        return tensor
 
     def launch(self) -> None:
         if self.offloaded:
@@ -324,7 +330,8 @@ class CudaGraphExecutor(StreamsExecutor):
         def reload() -> None:
             check(cudart.cudaEventRecord(self.fork_event, main))
             check(cudart.cudaStreamWaitEvent(self.copy_stream, self.fork_event, 0))
-            for item in _merged(copies, [events.get(uploads.kernel) for uploads in self.upload_order]):
+            for item in _merged(copies, [events.get(uploads.kernel) for uploads in self.upload_order],
+                                self.follows):
                 if isinstance(item, tuple):
                     check(cudart.cudaMemcpyAsync(*item, kind, self.copy_stream))
                 else:
@@ -383,27 +390,27 @@ FILE_PADDING = weights.ALIGNMENT  # each entry of a build's weights file starts 
 MERGED_BYTES = 8 << 20  # at most one copy of the reload graph: a kernel waits for its own weights' copy
 
 
-def _merged(copies: list[list[tuple[int, int, int, object]]], events: list) -> list:
-    """The reload graph's copies (destination, source, bytes, host region) per kernel, neighbours of one
-    region that lie at the same distance in host and device memory merged into one copy (with the padding
-    between them) of up to MERGED_BYTES, each kernel's event (None: none) after the copy that ends its
-    weights: a sequence of copies (destination, source, bytes) and events in issue order."""
+def _merged(copies: list[list[tuple[int, int, int, object]]], events: list, follows: dict[int, int]) -> list:
+    """The reload graph's copies (destination, source, bytes, host region) per kernel, a copy merged into
+    the one before where its tensor was placed right after that one's last tensor (`follows`: destination
+    -> the destination it follows) and both read one host region at the same distance, into one copy (with
+    the padding between them) of up to MERGED_BYTES; each kernel's event (None: none) after the copy that
+    ends its weights: a sequence of copies (destination, source, bytes) and events in issue order."""
     out: list = []
-    current: list | None = None
+    current: list | None = None  # destination, source, bytes, region, the last destination merged
     waiting: list = []
     for kernel_copies, event in zip(copies, events):
         for destination, source, nbytes, region in kernel_copies:
-            if current is not None and region == current[3] and \
+            if current is not None and follows.get(destination) == current[4] and region == current[3] and \
                     source - current[1] == destination - current[0] and \
-                    0 <= source - (current[1] + current[2]) < FILE_PADDING and \
                     source + nbytes - current[1] <= MERGED_BYTES:
-                current[2] = source + nbytes - current[1]
+                current[2], current[4] = source + nbytes - current[1], destination
                 continue
             if current is not None:
                 out.append(tuple(current[:3]))
                 out.extend(waiting)
                 waiting = []
-            current = [destination, source, nbytes, region]
+            current = [destination, source, nbytes, region, destination]
         if event is not None:
             waiting.append(event)
     if current is not None:
