@@ -9,6 +9,7 @@ import cuda.core
 import pytest
 import tvm
 
+from tvmsched import cuda as cuda_module
 from tvmsched.errors import TargetError
 from tvmsched.executor import mapped
 from tvmsched.executor.slabs import ALIGNMENT
@@ -86,7 +87,7 @@ class FakeDriver:
 @pytest.fixture
 def fake(monkeypatch):
     driver = FakeDriver()
-    monkeypatch.setattr(mapped, "driver", lambda: driver)
+    monkeypatch.setattr(cuda_module, "driver", lambda: driver)
     monkeypatch.setattr(mapped, "CHUNK", GRANULARITY)
     monkeypatch.setattr(mapped.tvm_ffi, "from_dlpack", lambda buffer: driver.backing)
     monkeypatch.setattr(cuda.core, "Buffer", types.SimpleNamespace(from_handle=lambda pointer, size: None))

@@ -33,6 +33,23 @@ def check(result):
     return values[0] if len(values) == 1 else values
 
 
+def driver():
+    """cuda-python's driver module (`cuda.bindings.driver`), for what the runtime lacks: CUDA's virtual
+    memory management (`executor.mapped`)."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+def check_driver(result):
+    """Unwrap a driver call's (error, *values) result, raising on any error."""
+    cu = driver()
+    error, *values = result if isinstance(result, tuple) else (result,)
+    if error != cu.CUresult.CUDA_SUCCESS:
+        raise TargetError(f"CUDA driver call failed with {cu.cuGetErrorName(error)[1].decode()}")
+    return values[0] if len(values) == 1 else (values or None)
+
+
 def own(owner: ExitStack, created, destroy):
     """The handle a cuda-python call `created`, destroyed with `destroy` when `owner` closes."""
     handle = check(created)

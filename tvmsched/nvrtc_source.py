@@ -1,13 +1,13 @@
 """CUDA sources handed to NVRTC without the type-traits header that TVM includes where nothing uses it.
 
 TVM 0.27's CUDA codegen opens every source it compiles with NVRTC with `#include <cuda/std/type_traits>`
-and a `namespace std` block of aliases (`tvm/backend/cuda/codegen/header.py`), which only its half-precision
-helpers use. Parsing that header is most of NVRTC's work on a kernel: a 4-line elementwise kernel took 0.42 s
-to compile with it and 0.03 s without it (this development machine, NVRTC 13.0); googlenet's batch-16
-convolutions took 0.75-0.85 s each on the H100 host, where `tune` compiles every candidate on its own
+and a `namespace std` block of aliases (`tvm/backend/cuda/codegen/header.py`), which only its fp8 and fp4
+conversion helpers use. Parsing that header is most of NVRTC's work on a kernel: a 4-line elementwise kernel
+took 0.42 s to compile with it and 0.07 s without it (this development machine, NVRTC 13.0); googlenet's
+batch-16 convolutions took 0.75-0.85 s each on the H100 host, where `tune` compiles every candidate alone
 (`experiments/results/nvrtc_compile_h100_2026-11-27.json`). `install()` wraps TVM's compile callback so that
 a source in which no alias of the block is used elsewhere is compiled without the block; any other source
-(half precision, or a TVM whose header differs) is compiled as TVM wrote it.
+(with fp8 or fp4 helpers, or from a TVM whose header differs) is compiled as TVM wrote it.
 """
 
 from __future__ import annotations

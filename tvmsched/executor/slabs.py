@@ -16,6 +16,15 @@ import tvm
 ALIGNMENT = 256  # of every tensor's address (TVM aligns its CPU allocations to 64 bytes only)
 
 
+def aligned(nbytes: int) -> int:
+    """`nbytes` rounded up to ALIGNMENT."""
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def tensor_bytes(shape, dtype: str) -> int:
+    return math.prod(int(dim) for dim in shape) * np.dtype(dtype).itemsize
+
+
 class Slabs:
     """Tensors of up to a quarter of `slab_bytes` carved in order from slabs of `slab_bytes`; larger ones
     allocated on their own."""
@@ -28,12 +37,12 @@ class Slabs:
         self.view = tvm.get_global_func("vm.builtin.ensure_zero_offset")  # the offset into the pointer
 
     def empty(self, shape, dtype: str) -> tvm.runtime.Tensor:
-        nbytes = math.prod(int(dim) for dim in shape) * np.dtype(dtype).itemsize
+        nbytes = tensor_bytes(shape, dtype)
         if nbytes > self.slab_bytes // 4:
             return tvm.runtime.empty(shape, dtype, self.device)
         if self.slab is None or self.offset + nbytes > self.slab_bytes:  # a new slab, aligned from its start
             self.slab = tvm.runtime.empty((self.slab_bytes + ALIGNMENT,), "uint8", self.device)
             self.offset = -self.slab.data_ptr() % ALIGNMENT
         tensor = self.view(self.slab._create_view(shape, dtype, self.offset))
-        self.offset += -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
+        self.offset += aligned(max(nbytes, 1))
         return tensor

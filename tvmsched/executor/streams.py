@@ -12,7 +12,6 @@ run.
 from __future__ import annotations
 
 import ctypes
-import math
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
@@ -75,12 +74,10 @@ class StreamsExecutor(Executor):
         self.resources.callback(self.finish_uploads)  # closing waits for copies in flight (LIFO: first)
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         for uploads in order:
-            for value, buffer in uploads.copies:
-                source = np.ascontiguousarray(value)
-                if source.nbytes:
-                    self.sources.append(source)
-                    check(self.cudart.cudaMemcpyAsync(buffer.data_ptr(), source.ctypes.data, source.nbytes,
-                                                      kind, self.copy_stream))
+            for source, buffer in _sources(uploads.copies):
+                self.sources.append(source)
+                check(self.cudart.cudaMemcpyAsync(buffer.data_ptr(), source.ctypes.data, source.nbytes,
+                                                  kind, self.copy_stream))
             if uploads.waits and self.pipelined:  # also with no copy of its own: an earlier kernel's
                 self.uploads[uploads.kernel] = cuda.event(self.resources)
                 check(self.cudart.cudaEventRecord(self.uploads[uploads.kernel], self.copy_stream))
@@ -234,8 +231,7 @@ class CudaGraphExecutor(StreamsExecutor):
     def _allocator(self, host: dict[str, np.ndarray]):
         if not self.offloadable:
             return super()._allocator(host)
-        inputs = sum(math.prod(tensor.shape) * np.dtype(tensor.dtype).itemsize
-                     for tensor in self.graph.inputs)
+        inputs = sum(tensor.nbytes for tensor in self.graph.inputs)
         used = sum(value.nbytes for value in host.values()) + sum(self.plan.memory.buffer_sizes) + inputs
         padding = 2 * len(host) * FILE_PADDING  # neighbours keep their file's page padding (`empty_like`)
         self.arena = MappedArena(self.device, 2 * used + padding + (256 << 20))  # folds replace constants
@@ -352,10 +348,7 @@ class CudaGraphExecutor(StreamsExecutor):
         located = []
         for uploads in self.upload_order:
             row = []
-            for value, buffer in uploads.copies:
-                source = np.ascontiguousarray(value)
-                if not source.nbytes:
-                    continue
+            for source, buffer in _sources(uploads.copies):
                 self.reload_sources.append(source)  # kept alive while the executor may reload
                 attributes = check(cudart.cudaPointerGetAttributes(source.ctypes.data))
                 if attributes.type == cudart.cudaMemoryType.cudaMemoryTypeHost:
@@ -384,6 +377,14 @@ class CudaGraphExecutor(StreamsExecutor):
                     cuda.launch_graph(executable, self.main_stream)
                     self.synchronize()
         return self._timed(replay)
+
+
+def _sources(copies):
+    """The (host value, device buffer) copies as (contiguous host bytes, buffer), empty ones left out."""
+    for value, buffer in copies:
+        source = np.ascontiguousarray(value)
+        if source.nbytes:
+            yield source, buffer
 
 
 FILE_PADDING = weights.ALIGNMENT  # each entry of a build's weights file starts on a page
