@@ -11,7 +11,9 @@ inference in the same process ("warm": files and libraries already in memory); t
 that model after `close()` released everything it had on the GPU, its weights uploaded first (`naive_ms`)
 or pipelined with it (`pipelined_ms`); the steady-state median, the bandwidth of copying 256 MiB of
 pageable memory and of the page-locked weights file (`pcie_gbps`) to the device, and the bound
-max(weights / pcie_gbps, steady state) (`bound_ms`). `dha_ms` stays null: direct host access is not built.
+max(weights / pcie_gbps, steady state) (`bound_ms`); and the first inference after `offload()` (the
+executor kept, its memory freed) with every weight uploaded in the reload graph (`resident_ms`) and with the
+load plan's kernels reading their weights in place (`dha_ms`, `tvmsched.load_plan`).
 
     python -m experiments.coldstart --models resnet50 googlenet --target cuda --out /tmp/cold.json
 """

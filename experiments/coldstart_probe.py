@@ -3,7 +3,8 @@ seconds of each part, the first output's agreement with the steady state's, the 
 `load`), and the first inference of the loaded model after `close()` released everything it had on the
 GPU (DeepPlan's case: library and weights in host memory, nothing on the device), with the weights
 uploaded before it (`naive_ms`) and pipelined with it (`pipelined_ms`), alternating, and after
-`offload()` freed its memory but kept its executor (`resident_ms`: one CUDA graph of uploads and plan)
+`offload()` freed its memory but kept its executor (`resident_ms`: one CUDA graph of uploads and plan;
+`dha_ms`: the same with the load plan's kernels reading their weights in place)
 (`experiments.coldstart` runs it and keeps the rows).
 
     python -m experiments.coldstart_probe BUILD_DIR
@@ -24,7 +25,7 @@ import tvmsched  # noqa: E402  (before tvm, as a user imports it: it imports TVM
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 
-from tvmsched import api, cuda, digests  # noqa: E402
+from tvmsched import api, cuda, digests, load_plan  # noqa: E402
 from tvmsched.executor import base, streams  # noqa: E402
 from tvmsched.tactics.library import LIBRARIES  # noqa: E402
 from tvmsched.target import device_name  # noqa: E402
@@ -55,7 +56,6 @@ def main(directory: str) -> dict:
                    "parts_s": {name: round(value, 3) for name, value in seconds.items()}}
     row.update(_offloaded(warm["model"], inputs, steady))
     row.update(_resident(warm["model"], inputs, steady))
-    row["dha_ms"] = None  # direct host access is not built
     row["host_to_device_gbps"] = _bandwidth(model)
     row["pcie_gbps"] = _pinned_bandwidth(warm["model"])
     if row["pcie_gbps"]:
@@ -91,17 +91,21 @@ def _offloaded(model, inputs: dict, steady: list) -> dict:
 
 def _resident(model, inputs: dict, steady: list) -> dict:
     """The first inference after `model.offload()` freed its GPU memory and kept its executor (one CUDA
-    graph of the uploads and the plan): milliseconds of the run (median), and the outputs' agreement."""
-    model.offload()  # the first makes the executor and captures its graphs
-    model.run(inputs)
-    times, equal = [], True
-    for _ in range(OFFLOADED_ROUNDS):
-        model.offload()
-        start = time.perf_counter()
-        outputs = model.run(inputs)
-        times.append((time.perf_counter() - start) * 1e3)
-        equal = equal and all(np.array_equal(a, b) for a, b in zip(outputs, steady))
-    return {"resident_ms": round(statistics.median(times), 3), "resident_equals_steady": equal}
+    graph of the uploads and the plan), every weight uploaded and with the load plan (`plan_load`: some
+    kernels read their weights in place): milliseconds of the run (medians), the outputs' agreement, and
+    the plan."""
+    uploaded = load_plan.time_reloads(model, None, inputs, steady, OFFLOADED_ROUNDS)
+    plan = model.plan_load()
+    direct = load_plan.time_reloads(model, plan, inputs, steady, OFFLOADED_ROUNDS)
+    return {"resident_ms": uploaded["median_ms"], "resident_equals_steady": uploaded["equal"],
+            "dha_ms": direct["median_ms"], "dha_equals_steady": direct["equal"],
+            "load_plan": {"direct_kernels": len(plan.direct), "modelled_direct_kernels": len(plan.modelled),
+                          "modelled_upload_ms": plan.upload_ms, "modelled_planned_ms": plan.planned_ms,
+                          "checked_upload_ms": plan.measured_upload_ms,
+                          "checked_planned_ms": plan.measured_planned_ms,
+                          "direct_mb": round(sum(row.weight_bytes for row in plan.kernels if row.direct)
+                                             / 2**20, 2),
+                          "kernels": [row.to_json() for row in plan.kernels if row.weight_bytes]}}
 
 
 def _start(directory: str, seconds: dict) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import types
 
 # pytest-xdist runs one worker per core: one TVM thread each, not a pool of every core in each worker
 if "PYTEST_XDIST_WORKER" in os.environ:
@@ -12,7 +13,7 @@ import numpy as np  # noqa: E402
 import onnx
 import pytest
 import tvm
-from fakecuda import FakeCudart
+from fakecuda import GRANULARITY, FakeCudart, FakeDriver
 from onnx import TensorProto, helper, numpy_helper
 
 
@@ -51,6 +52,22 @@ def fake_cuda(monkeypatch) -> FakeCudart:
     monkeypatch.setattr(cuda, "runtime", lambda: fake)
     monkeypatch.setattr(streams, "_check_cuda_device", lambda device, executor: None)
     return fake
+
+
+@pytest.fixture
+def fake_driver(monkeypatch) -> FakeDriver:
+    """CUDA's virtual memory management on the CPU (`executor.mapped`) over a stand-in driver."""
+    import cuda.core
+
+    from tvmsched import cuda as runtimes
+    from tvmsched.executor import mapped
+
+    driver = FakeDriver()
+    monkeypatch.setattr(runtimes, "driver", lambda: driver)
+    monkeypatch.setattr(mapped, "CHUNK", GRANULARITY)
+    monkeypatch.setattr(mapped, "tvm_ffi", types.SimpleNamespace(from_dlpack=lambda buffer: driver.backing))
+    monkeypatch.setattr(cuda.core, "Buffer", types.SimpleNamespace(from_handle=lambda pointer, size: None))
+    return driver
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -2,96 +2,18 @@
 (`tvmsched.executor.mapped`), over a stand-in for cuda-python's driver: the "device" is a CPU tensor as
 large as the reservation; the stand-in records what is mapped and can run out of memory."""
 
-import enum
-import types
-
-import cuda.core
 import pytest
 import tvm
+from fakecuda import GRANULARITY
 
-from tvmsched import cuda as cuda_module
 from tvmsched.errors import TargetError
 from tvmsched.executor import mapped
 from tvmsched.executor.slabs import ALIGNMENT
 
-GRANULARITY = 2 << 20
-
-
-class CUresult(enum.IntEnum):
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_OUT_OF_MEMORY = 2
-
-
-class FakeDriver:
-    CUresult = CUresult
-    CUmemAllocationType = types.SimpleNamespace(CU_MEM_ALLOCATION_TYPE_PINNED=1)
-    CUmemLocationType = types.SimpleNamespace(CU_MEM_LOCATION_TYPE_DEVICE=1)
-    CUmemAccess_flags = types.SimpleNamespace(CU_MEM_ACCESS_FLAGS_PROT_READWRITE=3)
-    CUmemAllocationGranularity_flags = types.SimpleNamespace(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED=1)
-
-    def __init__(self):
-        self.reserved: dict[int, int] = {}  # base -> bytes
-        self.maps: dict[int, int] = {}  # address -> bytes mapped there
-        self.handles: set[int] = set()  # physical memory not released
-        self.out_of_memory = False
-        self.made = 0
-
-    def CUmemAllocationProp(self):
-        return types.SimpleNamespace(location=types.SimpleNamespace())
-
-    def CUmemAccessDesc(self):
-        return types.SimpleNamespace(location=types.SimpleNamespace())
-
-    def cuGetErrorName(self, error):
-        return CUresult.CUDA_SUCCESS, CUresult(error).name.encode()
-
-    def cuMemGetAllocationGranularity(self, prop, flags):
-        return CUresult.CUDA_SUCCESS, GRANULARITY
-
-    def cuMemAddressReserve(self, size, alignment, address, flags):
-        self.backing = tvm.runtime.empty((size,), "uint8", tvm.cpu())
-        self.reserved[self.backing.data_ptr()] = size
-        return CUresult.CUDA_SUCCESS, self.backing.data_ptr()
-
-    def cuMemAddressFree(self, base, size):
-        assert self.reserved.pop(base) == size and not self.maps
-        return CUresult.CUDA_SUCCESS
-
-    def cuMemCreate(self, size, prop, flags):
-        if self.out_of_memory:
-            return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
-        self.made += 1
-        self.handles.add(self.made)
-        return CUresult.CUDA_SUCCESS, self.made
-
-    def cuMemRelease(self, handle):
-        self.handles.remove(handle)
-        return CUresult.CUDA_SUCCESS
-
-    def cuMemMap(self, address, size, offset, handle, flags):
-        assert any(base <= address and address + size <= base + n for base, n in self.reserved.items())
-        self.maps[address] = size
-        return CUresult.CUDA_SUCCESS
-
-    def cuMemUnmap(self, address, size):
-        assert self.maps.pop(address) == size
-        return CUresult.CUDA_SUCCESS
-
-    def cuMemSetAccess(self, address, size, descriptors, count):
-        return CUresult.CUDA_SUCCESS
-
-    def cuCtxSynchronize(self):
-        return CUresult.CUDA_SUCCESS
-
 
 @pytest.fixture
-def fake(monkeypatch):
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda_module, "driver", lambda: driver)
-    monkeypatch.setattr(mapped, "CHUNK", GRANULARITY)
-    monkeypatch.setattr(mapped.tvm_ffi, "from_dlpack", lambda buffer: driver.backing)
-    monkeypatch.setattr(cuda.core, "Buffer", types.SimpleNamespace(from_handle=lambda pointer, size: None))
-    return driver
+def fake(fake_driver):
+    return fake_driver
 
 
 def test_tensors_are_carved_in_order_and_mapped_back_in_one_piece(fake):

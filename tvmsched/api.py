@@ -26,6 +26,7 @@ from tvmsched.executor.streams import StageTimer
 from tvmsched.frontend import ConstantInput, TensorSpec
 from tvmsched.graph import KernelGraph, extract
 from tvmsched.layout import chosen
+from tvmsched.load_plan import LoadPlan, plan_load, time_reloads
 from tvmsched.lower import LoweredModule, kernel_module, lower
 from tvmsched.merge import Merged
 from tvmsched.merge_choice import MergeChoice
@@ -372,25 +373,54 @@ class CompiledModel:
             if executor is not None:
                 executor.close()
 
-    def offload(self) -> None:
+    def offload(self, load_plan: LoadPlan | None = None) -> None:
         """Free the model's GPU memory and keep its executor (`cuda-graph` only), as a server does with a
         model it may need again: the next run maps the memory back at the same addresses and is one CUDA
         graph that uploads the weights (from page-locked memory: a loaded build's mapping; other values
-        are copied into page-locked memory once) while the plan runs, each kernel after its own weights;
-        later runs replay the plan's graph. The first call makes an executor whose memory can be freed
-        (where the model's executor cannot, it is closed first) and captures both graphs."""
+        are copied into page-locked memory once) while the plan runs, each kernel after its own weights,
+        or, where `load_plan` (`plan_load`) says so, reading them in place from that memory (their copies
+        then follow every other one, after the first result); later runs replay the plan's graph. The
+        first call makes an executor whose memory can be freed (where the model's executor cannot, it is
+        closed first) and captures the graphs."""
+        if load_plan is not None and load_plan.graph_hash != self.graph.hash:
+            raise ArtifactError(f"the load plan was made for kernel graph {load_plan.graph_hash}, not this "
+                                f"model's {self.graph.hash}; plan again with tvmsched plan-load")
+        with self._lock:
+            self._offloadable().offload(load_plan.direct if load_plan else frozenset())
+
+    def plan_load(self, rounds: int = 5) -> LoadPlan:
+        """Which kernels read their weights in place after `offload` (`tvmsched.load_plan`): modelled from
+        each kernel's times measured now on this GPU with its weights on the device and read in place,
+        and its weights' copy time; then the model's choice is checked, the first inference after an
+        offload timed with it and with every weight uploaded (medians of `rounds`), and kept only where
+        faster. Makes the offloadable executor, as `offload` does; leaves the model on the GPU."""
+        with self._lock:
+            kernels = self._offloadable().load_timings()
+        plan = plan_load(device_name(self.meta.target), self.graph.hash, kernels)
+        if not plan.modelled:
+            return plan
+        inputs = self.random_inputs()
+        expected = self.run(inputs)
+        upload, planned = (time_reloads(self, chosen, inputs, expected, rounds) for chosen in (None, plan))
+        if not (upload["equal"] and planned["equal"]):
+            raise TargetError("a first inference after offload() differed from a resident one; report this "
+                              "with the build")
+        return plan.checked(upload["median_ms"], planned["median_ms"])
+
+    def _offloadable(self):
+        """The model's executor, made offloadable (`cuda-graph` only; where it is not, it is closed and
+        a new one made)."""
         if self.executor_name != "cuda-graph":
             raise TargetError(f"offload keeps the model's CUDA graphs: use the 'cuda-graph' executor, not "
                               f"'{self.executor_name}'")
-        with self._lock:
-            if self._executor is not None and not self._executor.offloadable:
-                self._executor.close()
-                self._executor = None
-            if self._executor is None:
-                self._executor = create_executor(self.executor_name, self.library, self.graph, self.plan,
-                                                 self.constants, device_for(self.meta.target), self.folded,
-                                                 self.pipelined, offloadable=True)
-            self._executor.offload()
+        if self._executor is not None and not self._executor.offloadable:
+            self._executor.close()
+            self._executor = None
+        if self._executor is None:
+            self._executor = create_executor(self.executor_name, self.library, self.graph, self.plan,
+                                             self.constants, device_for(self.meta.target), self.folded,
+                                             self.pipelined, offloadable=True)
+        return self._executor
 
     def __enter__(self) -> CompiledModel:
         return self

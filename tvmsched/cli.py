@@ -155,6 +155,22 @@ def _build_parser() -> _Parser:
     profile.add_argument("--repeat", type=_positive, default=50, help="timed runs per kernel (default 50)")
     profile.add_argument("--top", type=_positive, default=20, help="kernels shown in the table (default 20)")
     profile.set_defaults(handler=_profile)
+
+    load = commands.add_parser(
+        "plan-load", help="plan the first inference after offload: which kernels read weights in place",
+        description="Plan the model's first inference after CompiledModel.offload() freed its GPU memory "
+                    "(DeepPlan's direct host access): time every kernel with its weights on the GPU and "
+                    "read in place from page-locked host memory, and the weights' copies, then choose per "
+                    "kernel. Prints the table, and the first inference after offload() modelled and "
+                    "measured (median of --rounds) with every weight uploaded and with the plan, checked "
+                    f"against a resident run. Needs the build's GPU. {SAVED_BUILD_HELP}")
+    load.add_argument("model", help="a build directory, an .onnx file or a zoo model name")
+    _add_compile_flags(load)
+    load.add_argument("--rounds", type=_positive, default=7,
+                      help="first inferences timed each way (default 7)")
+    load.add_argument("--json", type=_output("file"), metavar="FILE",
+                      help="also write the plan (LoadPlan.from_json reads its 'plan') and the timings")
+    load.set_defaults(handler=_plan_load)
     _add_tune_command(commands)
     return parser
 
@@ -571,6 +587,51 @@ def _profile(args) -> None:
         written += [plot.schedule(model.graph, model.plan, args.output / f"schedule.{suffix}")
                     for suffix in ("png", "svg")]
     console.print(f"wrote {', '.join(path.name for path in written)} to {args.output}/")
+
+
+def _plan_load(args) -> None:
+    from tvmsched.errors import TargetError
+    from tvmsched.load_plan import table, time_reloads
+
+    if not _gpu_present():
+        raise TargetError("plan-load times the model on a GPU, and this machine has none; run it where the "
+                          "build runs")
+    model = _compiled(args)
+    if model.meta.target.kind != "cuda":
+        raise TargetError(f"'{args.model}' is built for {model.meta.target.key}; plan-load needs a CUDA "
+                          f"build (--target cuda)")
+    with model, console.status(f"timing {len(model.graph.kernels)} kernels' weights on the GPU and in place"):
+        plan = model.plan_load()
+        inputs = model.random_inputs()
+        steady = model.run(inputs)
+        measured = {name: time_reloads(model, chosen_plan, inputs, steady, args.rounds)
+                    for name, chosen_plan in (("upload", None), ("plan", plan))}
+    header, *rows = table(plan)
+    view = Table(*header, title=f"{args.model} on {plan.device}: {len(plan.direct)} of {len(rows)} kernels "
+                                f"with weights read them in place")
+    for row in rows:
+        view.add_row(*row)
+    Console().print(view)
+    if plan.modelled:
+        verdict = "kept" if plan.direct else "dropped: every weight is uploaded"
+        console.print(f"the model's choice ({len(plan.modelled)} kernels in place, modelled "
+                      f"{plan.planned_ms:.3f} ms against {plan.upload_ms:.3f}) measured "
+                      f"{plan.measured_planned_ms:.3f} ms against {plan.measured_upload_ms:.3f}: {verdict}")
+    equal = measured["upload"]["equal"] and measured["plan"]["equal"]
+    upload_ms, planned_ms = (measured[name]["median_ms"] for name in ("upload", "plan"))
+    console.print(f"first inference after offload, median of {args.rounds}: every weight uploaded "
+                  f"{upload_ms:.3f} ms, planned {planned_ms:.3f} ms; outputs equal to a resident run's: "
+                  f"{'yes' if equal else 'NO'}")
+    if args.json:
+        with _writing(args.json):
+            args.json.write_text(json.dumps({"plan": plan.to_json(), "measured": measured}, indent=1))
+        console.print(f"wrote {args.json}")
+
+
+def _gpu_present() -> bool:
+    import tvm
+
+    return tvm.cuda(0).exist
 
 
 def _tune(args) -> None:

@@ -6,7 +6,7 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import tvm
@@ -126,10 +126,10 @@ class Executor(ABC):
                     buffer = pool[plan.memory.tensor_buffers[tensor.name]]
                     self.buffers[tensor.name] = buffer._create_view(tensor.shape, tensor.dtype)
             self.folded = {} if folded is None else folded
-            calls = {kernel.id: self._folded_call(kernel, host)
-                     for kernel in graph.kernels if kernel.implementation_in(plan.tvm_kernels) != "tvm"}
-            self.upload(self._upload_order(host, calls))
-            self.launchers = {kernel.id: self._launcher(kernel, calls.get(kernel.id))
+            self.calls = {kernel.id: self._folded_call(kernel, host)
+                          for kernel in graph.kernels if kernel.implementation_in(plan.tvm_kernels) != "tvm"}
+            self.upload(self._upload_order(host, self.calls))
+            self.launchers = {kernel.id: self._launcher(kernel, self.calls.get(kernel.id))
                               for kernel in graph.kernels}
         except BaseException:
             self.resources.close()
@@ -193,19 +193,22 @@ class Executor(ABC):
             for value, buffer in uploads.copies:
                 buffer.copyfrom(value)
 
-    def _launcher(self, kernel: Kernel, call: VendorCall | None) -> Launcher:
-        """The kernel on its buffers (inputs, outputs, workspace): TVM's function (where it has no tactic,
-        or the plan runs TVM's for it) or the tactic's plan for `call`."""
-        workspace = [self.buffers[tensor.name] for tensor in kernel.workspace]
+    def _launcher(self, kernel: Kernel, call: VendorCall | None,
+                  buffers: Mapping[str, tvm.runtime.Tensor] | None = None) -> Launcher:
+        """The kernel on its buffers (inputs, outputs, workspace; `buffers`: by tensor name, default the
+        executor's): TVM's function (where it has no tactic, or the plan runs TVM's for it) or the tactic's
+        plan for `call`."""
+        buffers = self.buffers if buffers is None else buffers
+        workspace = [buffers[tensor.name] for tensor in kernel.workspace]
         if call is None:
-            arguments = [self.buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
+            arguments = [buffers[tensor.name] for tensor in kernel.inputs + kernel.outputs]
             tvm_workspace = workspace[:len(kernel.tvm_workspace)]
             return tvm_launcher(self.device, self.library[kernel.symbol], arguments + tvm_workspace)
         tactic = kernel.tactic
         if tactic.library not in self.libraries:
             self.libraries[tactic.library] = open_library(tactic)
         return self.tactic_launcher(kernel, tactic, self.libraries[tactic.library], call,
-                                    *workspace[len(kernel.tvm_workspace):])
+                                    *workspace[len(kernel.tvm_workspace):], buffers=buffers)
 
     def uploaded_call(self, kernel: Kernel, tactic: Tactic, value: Callable[[str], np.ndarray]) -> VendorCall:
         """`tactic`'s `VendorCall` for the kernel, its weights folded from the constants' host values
@@ -215,19 +218,22 @@ class Executor(ABC):
                                                            for array in arrays))
 
     def tactic_launcher(self, kernel: Kernel, tactic: Tactic, library: VendorLibrary, call: VendorCall,
-                        *workspace: tvm.runtime.Tensor) -> Launcher:
-        """`tactic`'s plan from `library` on the kernel's buffers and `call`'s folded weights, with
-        `workspace` as `tactics.tail.workspace` lists it: the plan's (where it needs one), then a split's
-        head value, which the plan writes and the kernel's tail function reads, both on the launcher's
-        stream."""
-        arguments = [self.buffers.get(tensor.name)  # None: a constant that its folded weights replace
+                        *workspace: tvm.runtime.Tensor,
+                        buffers: Mapping[str, tvm.runtime.Tensor] | None = None) -> Launcher:
+        """`tactic`'s plan from `library` on the kernel's buffers (`buffers`, default the executor's) and
+        `call`'s folded weights, with `workspace` as `tactics.tail.workspace` lists it: the plan's (where it
+        needs one), then a split's head value, which the plan writes and the kernel's tail function reads,
+        both on the launcher's stream."""
+        buffers = self.buffers if buffers is None else buffers
+        arguments = [buffers.get(tensor.name)  # None: a constant that its folded weights replace
                      for tensor in kernel.inputs + kernel.outputs]
         head = workspace[-1] if tactic.split is not None else None  # a split: the plan writes, the tail reads
         tail_arguments = [head, *arguments]
         if head is not None:
             arguments[call.vendor_op.output] = head
         arguments += call.buffers
-        self.vendor_arguments[kernel.id] = arguments
+        if buffers is self.buffers:
+            self.vendor_arguments[kernel.id] = arguments
         plan = library.launcher(call.vendor_op, tactic.plan, arguments,
                                 workspace[0] if tactic.workspace else None, self.resources)
         if head is None:

@@ -12,6 +12,7 @@ run.
 from __future__ import annotations
 
 import ctypes
+from collections import ChainMap
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
@@ -20,10 +21,12 @@ import tvm
 
 from tvmsched import cuda, measure, weights
 from tvmsched.cuda import check
+from tvmsched.dlpack import tensor_at
 from tvmsched.errors import TargetError
 from tvmsched.executor.base import Executor, TraceEvent, register_executor, sample_value
 from tvmsched.executor.mapped import MappedArena
 from tvmsched.executor.slabs import ALIGNMENT, Slabs
+from tvmsched.load_plan import KernelLoad
 from tvmsched.memory import MemoryPlan
 from tvmsched.plan import Launch, make_plan
 
@@ -118,11 +121,13 @@ class StreamsExecutor(Executor):
         return self.streams[0]
 
     def issue(self, launches: tuple[Launch, ...] | None = None, timing: dict | None = None,
-              origin=None) -> None:
+              origin=None, launchers: dict | None = None) -> None:
         """Fork from stream 0, issue every launch (default: the plan's) on its stream after its waits,
         join back to stream 0; `timing` maps kernels to (start, end) events recorded around them, after
-        the event `origin` on stream 0 (as graph nodes when captured)."""
+        the event `origin` on stream 0 (as graph nodes when captured); `launchers` by kernel (default the
+        executor's)."""
         cudart, main = self.cudart, self.main_stream
+        launchers = self.launchers if launchers is None else launchers
         if origin is not None:
             self._record_timing(origin, main)
         check(cudart.cudaEventRecord(self.fork_event, main))
@@ -139,7 +144,7 @@ class StreamsExecutor(Executor):
                 check(cudart.cudaStreamWaitEvent(stream, self.events[producer], 0))
             if timing:
                 self._record_timing(timing[launch.kernel][0], stream)
-            self.launchers[launch.kernel](stream)
+            launchers[launch.kernel](stream)
             if timing:
                 self._record_timing(timing[launch.kernel][1], stream)
             if launch.kernel in waited_on:
@@ -216,17 +221,24 @@ class CudaGraphExecutor(StreamsExecutor):
     Made `offloadable`, its tensors lie in a `MappedArena`, and `offload()` frees their memory while the
     executor, its launchers and its graphs are kept: the next inference maps the memory again at the same
     addresses and is one CUDA graph that copies the weights (from page-locked host memory) and runs the
-    plan, each kernel after its own weights."""
+    plan, each kernel after its own weights, or with its weights read in place (`offload(direct)`)."""
 
     def __init__(self, *args, **kwargs):
         self.arena: MappedArena | None = None
-        self.reload_exec = None  # the graph of an offloaded executor's next inference
+        self.reload_execs: dict[frozenset[int], object] = {}  # reload graphs, by kernels reading in place
+        self.reload_exec = None  # the one an offloaded executor's next inference launches
         self.reload_sources: list[np.ndarray] = []  # the host values it copies
+        self.located: list[list[tuple[int, int, int, tuple]]] | None = None  # `_page_locked`, made once
         self.last_placed: tuple[int, int, int, int] | None = None  # host pointer, bytes, offset, arena end
         self.follows: dict[int, int] = {}  # device pointer -> that of the neighbour it was placed after
         self.offloaded = False
+        self.awaiting = False  # a reload graph was launched: `synchronize` waits for its first result
         super().__init__(*args, **kwargs)
         self.graph_exec = None
+        if self.arena is not None:
+            with self._closed_on_error():
+                self.result_event = cuda.event(self.resources)
+            self.resources.callback(self._settle)  # closing waits for a reload's last copies (LIFO: first)
 
     def _allocator(self, host: dict[str, np.ndarray]):
         if not self.offloadable:
@@ -263,7 +275,7 @@ class CudaGraphExecutor(StreamsExecutor):
         if self.offloaded:
             self._resident()
             cuda.launch_graph(self.reload_exec, self.main_stream)
-            self.offloaded = False
+            self.offloaded, self.awaiting = False, True
             return
         if self.graph_exec is None and not self.warmed:
             self.issue()
@@ -280,30 +292,48 @@ class CudaGraphExecutor(StreamsExecutor):
         self._resident()  # the inputs are copied in before the launch
         return super().run(inputs)
 
-    def offload(self) -> None:
-        """Free the device memory and keep everything else; a second call does nothing. The first also
-        captures the plan's graph and the reload graph (issuing the plan once if it never ran)."""
+    def offload(self, direct: frozenset[int] = frozenset()) -> None:
+        """Free the device memory and keep everything else; the next inference's kernels in `direct` read
+        their weights in place (`_reload_graph`). A second call does nothing but choose `direct`. The first
+        also captures the plan's graph (issuing the plan once if it never ran), and each `direct` its
+        reload graph."""
         if self.arena is None:
             raise TargetError("this executor was not made offloadable "
                               "(create_executor(..., offloadable=True))")
         self.main_stream  # noqa: B018  (refuses a closed executor)
-        if self.offloaded:
+        if self.offloaded and direct in self.reload_execs:
+            self.reload_exec = self.reload_execs[direct]
             return
         self._resident()
         if not self.warmed:
             self.issue()
         self._captured()
-        if self.reload_exec is None:
-            self.reload_exec = self._reload_graph()
-        self.synchronize()
+        if direct not in self.reload_execs:
+            self.reload_execs[direct] = self._reload_graph(direct)
+        self.reload_exec = self.reload_execs[direct]
+        self._settle()
         self.arena.release()
         self.offloaded = True
+
+    def synchronize(self) -> None:
+        """After a reload graph's launch, wait for its first result alone (an event on stream 0): the copies
+        of weights read in place go on, and what is issued next on stream 0 follows them."""
+        if self.awaiting:
+            self.awaiting = False
+            check(self.cudart.cudaEventSynchronize(self.result_event))
+            return
+        super().synchronize()
+
+    def _settle(self) -> None:
+        """Wait for everything issued, a reload graph's last copies included."""
+        self.awaiting = False
+        check(self.cudart.cudaStreamSynchronize(self.streams[0]))
 
     def _reloaded(self) -> None:
         """An offloaded executor's weights back on the device (the reload graph run), before a timing."""
         if self.offloaded:
             self.launch()
-            self.synchronize()
+            self._settle()
 
     def _resident(self) -> None:
         """Map the memory back where it was released (what it holds is undefined until the reload graph
@@ -312,32 +342,85 @@ class CudaGraphExecutor(StreamsExecutor):
         if self.arena is not None:
             self.arena.restore()
 
-    def _reload_graph(self):
+    def _reload_graph(self, direct: frozenset[int]):
         """The CUDA graph of an offloaded executor's next inference: the upload order's copies on the copy
         stream, an event after each kernel's, and the plan issued with each kernel waiting on its own. The
-        copies read page-locked memory (`_page_locked`)."""
+        kernels in `direct` read their weights in place (`_direct_launchers`) and wait for no copy; the
+        weights that only they read are copied after every other one, and the first result (an event on
+        stream 0, `result_event`) does not wait for those copies. The copies read page-locked memory
+        (`_page_locked`)."""
         cudart, main = self.cudart, self.main_stream
-        copies = self._page_locked()
+        located = self._located()
+        deferred = {pointer for pointer, kernels in self._weight_readers().items() if kernels <= direct}
+        copies = [[copy for copy in row if copy[0] not in deferred] for row in located]
+        last = [copy for row in located for copy in row if copy[0] in deferred]
         events = {uploads.kernel: cuda.event(self.resources)
-                  for uploads in self.upload_order if uploads.waits}
+                  for uploads in self.upload_order if uploads.waits and uploads.kernel not in direct}
+        launchers = {**self.launchers, **self._direct_launchers(direct)}
         copied = cuda.event(self.resources)
         kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
 
         def reload() -> None:
             check(cudart.cudaEventRecord(self.fork_event, main))
             check(cudart.cudaStreamWaitEvent(self.copy_stream, self.fork_event, 0))
-            for item in _merged(copies, [events.get(uploads.kernel) for uploads in self.upload_order],
-                                self.follows):
+            for item in _merged(copies + [last], [events.get(uploads.kernel) for uploads in self.upload_order]
+                                + [None], self.follows):
                 if isinstance(item, tuple):
                     check(cudart.cudaMemcpyAsync(*item, kind, self.copy_stream))
                 else:
                     check(cudart.cudaEventRecord(item, self.copy_stream))
             self.uploads = dict(events)  # the plan's issue waits on them, once
-            self.issue()
+            self.issue(launchers=launchers)
+            self._record_timing(self.result_event, main)  # an event node the host can wait on
             check(cudart.cudaEventRecord(copied, self.copy_stream))
             check(cudart.cudaStreamWaitEvent(main, copied, 0))
 
         return cuda.capture(self.resources, main, reload)
+
+    def _located(self) -> list[list[tuple[int, int, int, tuple]]]:
+        """`_page_locked`, made on first use and kept."""
+        if self.located is None:
+            self.located = self._page_locked()
+        return self.located
+
+    def _weight_readers(self) -> dict[int, set[int]]:
+        """By device pointer of each weight the reload graph copies, the kernels that read it (as an input
+        or as a vendor plan's folded weight)."""
+        copied = {copy[0] for row in self._located() for copy in row}
+        readers: dict[int, set[int]] = {}
+        for kernel in self.graph.kernels:
+            for pointer in self._read_pointers(kernel) & copied:
+                readers.setdefault(pointer, set()).add(kernel.id)
+        return readers
+
+    def _read_pointers(self, kernel) -> set[int]:
+        """The device pointers of every tensor `kernel` reads, its vendor plan's folded weights included."""
+        call = self.calls.get(kernel.id)
+        tensors = [self.buffers.get(tensor.name) for tensor in kernel.inputs]
+        tensors += call.buffers if call else ()
+        return {tensor.data_ptr() for tensor in tensors if tensor is not None}
+
+    def _direct_launchers(self, kernels: frozenset[int]) -> dict[int, object]:
+        """Launchers of `kernels` that read every weight (each tensor the reload graph copies) at its
+        page-locked host memory's device address (direct host access) instead of in the arena."""
+        host = {copy[0]: check(self.cudart.cudaHostGetDevicePointer(copy[1], 0))
+                for row in self._located() for copy in row}
+
+        def in_place(tensor):
+            if tensor is None or tensor.data_ptr() not in host:
+                return tensor
+            pointer = int(host[tensor.data_ptr()])
+            return tensor_at(pointer, tuple(tensor.shape), str(tensor.dtype), self.device)
+
+        launchers = {}
+        for kernel_id in sorted(kernels):
+            kernel, call = self.graph.kernels[kernel_id], self.calls.get(kernel_id)
+            views = {tensor.name: in_place(self.buffers[tensor.name]) for tensor in kernel.inputs
+                     if tensor.name in self.buffers}
+            if call is not None:
+                call = replace(call, buffers=tuple(in_place(buffer) for buffer in call.buffers))
+            launchers[kernel_id] = self._launcher(kernel, call, ChainMap(views, self.buffers))
+        return launchers
 
     def _page_locked(self) -> list[list[tuple[int, int, int, tuple]]]:
         """Per entry of the upload order, its copies as (device pointer, host pointer, bytes, host region):
@@ -367,6 +450,55 @@ class CudaGraphExecutor(StreamsExecutor):
         self._captured()  # not inside the first timed inference
         return super().time_launches(repeat)
 
+    def load_timings(self) -> list[KernelLoad]:
+        """Each kernel's row for `load_plan.plan_load`, in the plan's order, measured now: the bytes first
+        copied for it in the reload graph and their time at the copies' bandwidth (all of them timed as one
+        CUDA graph on the copy stream), and its time in one inference with every weight on the device and
+        in one with every weight read in place (`_direct_launchers`), each after the L2 cache was
+        overwritten, as a reload finds it."""
+        self._reloaded()
+        if not self.warmed:
+            self.issue()
+        self._settle()
+        located = self._located()
+        copies = [copy[:3] for row in located for copy in row]
+        total = sum(copy[2] for copy in copies)
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+
+        def copy_all() -> None:
+            for copy in copies:
+                check(self.cudart.cudaMemcpyAsync(*copy, kind, self.copy_stream))
+
+        copy_ms = measure.time_captured(self.copy_stream, copy_all, replays=1, rounds=3) if copies else 0.0
+        reading = frozenset(kernel.id for kernel in self.graph.kernels if self._read_pointers(kernel) &
+                            {copy[0] for copy in copies})
+        on_device = self._kernel_times(self.launchers)
+        in_place = self._kernel_times({**self.launchers, **self._direct_launchers(reading)})
+        rows = []
+        for uploads, row in zip(self.upload_order, located):
+            if uploads.kernel is None:
+                continue
+            nbytes = sum(copy[2] for copy in row)
+            rows.append(KernelLoad(uploads.kernel, self.graph.kernels[uploads.kernel].symbol, nbytes,
+                                   round(copy_ms * nbytes / total, 5) if total else 0.0,
+                                   round(on_device[uploads.kernel], 5), round(in_place[uploads.kernel], 5)))
+        return rows
+
+    def _kernel_times(self, launchers: dict) -> dict[int, float]:
+        """Milliseconds of each kernel in the second replay of the plan's graph captured with `launchers`
+        and timing events, each replay after a memset of L2_FLUSH_BYTES (so no weight is in the L2 cache)."""
+        scratch = tvm.runtime.empty((L2_FLUSH_BYTES,), "uint8", self.device)
+        cudart, main = self.cudart, self.main_stream
+
+        def replay(timing, origin) -> None:
+            with self.captured(self.plan.launches, timing=timing, origin=origin,
+                               launchers=launchers) as executable:
+                for _ in range(2):  # the first replay uploads the graph
+                    check(cudart.cudaMemsetAsync(scratch.data_ptr(), 0, L2_FLUSH_BYTES, main))
+                    cuda.launch_graph(executable, main)
+                    self.synchronize()
+        return {event.kernel: event.end_ms - event.start_ms for event in self._timed(replay)}
+
     def trace(self) -> list[TraceEvent]:
         """One replay of the plan's CUDA Graph captured with timing-event nodes around each kernel."""
         self._reloaded()
@@ -387,6 +519,7 @@ def _sources(copies):
             yield source, buffer
 
 
+L2_FLUSH_BYTES = 256 << 20  # more than any GPU's L2 cache (H100: 50 MiB)
 FILE_PADDING = weights.ALIGNMENT  # each entry of a build's weights file starts on a page
 MERGED_BYTES = 8 << 20  # at most one copy of the reload graph: a kernel waits for its own weights' copy
 
