@@ -1,9 +1,8 @@
-"""Direct host access after `offload()`: the load planner (`tvmsched.load_plan`) against its model and a
-brute force, and the offloadable executor's kernels reading their weights in place, its reload graph's
-order and its timings, on the CPU over stand-ins for cuda-python's runtime and driver
+"""Direct host access after `offload()`: the load planner (`tvmsched.load_plan`) against its model, and
+the offloadable executor's kernels reading their weights in place, its reload graph's order, its waits and
+its timings, on the CPU over stand-ins for cuda-python's runtime and driver
 (tests/test_executor_gpu.py runs them on a GPU)."""
 
-import itertools
 import json
 
 import numpy as np
@@ -58,9 +57,6 @@ def test_the_plan_is_what_the_model_says_never_worse_than_none_or_all_and_no_sin
     assert plan.planned_ms <= first_inference_ms(rows, frozenset(with_weights)) + 1e-4
     for kernel in with_weights:
         assert first_inference_ms(rows, direct ^ {kernel}) >= plan.planned_ms - MIN_GAIN_MS
-    optimum = min(first_inference_ms(rows, frozenset(chosen)) for size in range(len(with_weights) + 1)
-                  for chosen in itertools.combinations(sorted(with_weights), size))
-    assert plan.planned_ms >= optimum - 1e-4
 
 
 def test_a_load_plan_round_trips_through_json_and_another_schema_is_refused():
@@ -128,7 +124,7 @@ def test_the_reload_graph_copies_the_weights_read_in_place_last_and_those_kernel
         assert deferred and copies[-len(deferred):] == deferred and len(copies) == len(model.constants)
         waiting = [uploads for uploads in executor.upload_order if uploads.waits and uploads.kernel != alone]
         records = [entry for entry in entries if entry[0] == "record"]
-        assert len(records) == len(waiting) + 1  # each waiting kernel's event, and the copies' end
+        assert len(records) == len(waiting) + 2  # each waiting kernel's event, all but the last, the end
         assert set(executor.reload_execs) == {frozenset(), direct}
         np.testing.assert_array_equal(executor.run([x])[0], expected)
 
@@ -148,3 +144,64 @@ def test_load_timings_give_each_kernels_weight_bytes_in_plan_order_and_their_sha
     plan = plan_load("cpu", model.graph.hash, rows)
     with pytest.raises(ArtifactError, match="plan again"):
         model.offload(LoadPlan(plan.device, "another", plan.kernels, 0.0, 0.0))
+
+
+def test_a_constant_output_is_never_read_in_place_and_the_first_result_waits_for_its_copy(fake_cuda,
+                                                                                          fake_driver):
+    """`run` reads a constant output: it stays among the copies the first result waits for, also where
+    the one kernel reading it reads in place."""
+    from conftest import make_model
+    from conftest import tensor as value
+    from onnx import helper
+
+    w = np.arange(4, dtype="float32").reshape(1, 4) + 1
+    proto = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [value("x", [1, 4])],
+                       [value("y", [1, 4]), value("w", [1, 4])], {"w": w})
+    model = tvmsched.compile(proto, target="llvm", batch=1)
+    with offloadable(model) as executor:
+        executor.run([np.zeros((1, 4), "float32")])
+        (name,) = [tensor.name for tensor in model.graph.outputs if tensor.kind == "constant"]
+        pointer = executor.buffers[name].data_ptr()
+        assert executor._weight_readers()[pointer] == {0, -1}
+        start = len(fake_cuda.log)
+        executor.offload(frozenset({0}))
+        log = fake_cuda.log[start:]
+        main = executor.streams[0]
+        needed, _ = [entry[2] for entry in log if entry[0] == "wait" and entry[1] == main][-2:]
+        recorded = log.index(("record", needed, executor.copy_stream))
+        assert max(i for i, entry in enumerate(log) if entry[0] == "copy" and entry[1] == pointer) < recorded
+        np.testing.assert_array_equal(executor.run([np.ones((1, 4), "float32")])[1], w)
+
+
+def test_synchronize_waits_for_everything_after_a_second_launch_and_close_for_the_last_copies(
+        fake_cuda, fake_driver, model):
+    x = np.zeros(model.inputs[0].shape, "float32")
+    calls = []
+
+    def recording(name: str, call):
+        def recorded(*args):
+            calls.append(name)
+            return call(*args)
+        return recorded
+    for name in ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaFreeHost", "cudaGraphExecDestroy"):
+        setattr(fake_cuda, name, recording(name, getattr(fake_cuda, name)))
+    first = model.graph.kernels[0].id
+    executor = offloadable(model)
+    executor.run([x])
+    executor.offload(frozenset({first}))
+    calls.clear()
+    executor.launch()  # the reload graph: its first result alone is waited for
+    executor.synchronize()
+    assert calls == ["cudaEventSynchronize"]
+    executor.offload(frozenset({first}))
+    calls.clear()
+    executor.launch()
+    executor.launch()  # the plan's graph after it: waited for whole
+    executor.synchronize()
+    assert "cudaStreamSynchronize" in calls
+    executor.offload(frozenset({first}))
+    executor.launch()
+    executor.synchronize()
+    calls.clear()
+    executor.close()  # the last copies first, then their sources and graphs
+    assert calls[0] == "cudaStreamSynchronize" and "cudaFreeHost" in calls

@@ -35,7 +35,7 @@ class _Managed(ctypes.Structure):
     _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
 
 
-_ALIVE: dict[int, tuple] = {}  # by managed tensor address: what the tensor needs until TVM frees it
+_ALIVE: dict[int, tuple] = {}  # by managed tensor address: its structures, until TVM frees the tensor
 
 
 @_DELETER
@@ -48,10 +48,10 @@ _capsule.restype = ctypes.py_object
 _capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
-def tensor_at(address: int, shape: tuple[int, ...], dtype: str, device: tvm.runtime.Device,
-              owner: object = None) -> tvm.runtime.Tensor:
-    """A contiguous tensor of `shape` and `dtype` at `address`, on `device`; `owner` (what the memory
-    belongs to) is kept alive until the tensor is freed."""
+def tensor_at(address: int, shape: tuple[int, ...], dtype: str,
+              device: tvm.runtime.Device) -> tvm.runtime.Tensor:
+    """A contiguous tensor of `shape` and `dtype` at `address`, on `device`. The memory is not owned: the
+    caller keeps it alive as long as the tensor."""
     data_type = tvm_ffi.dtype(dtype)
     extents = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     managed = _Managed()
@@ -60,5 +60,9 @@ def tensor_at(address: int, shape: tuple[int, ...], dtype: str, device: tvm.runt
                                 extents, None, 0)
     managed.deleter = _release
     pointer = ctypes.addressof(managed)
-    _ALIVE[pointer] = (managed, extents, owner)
-    return tvm_ffi.from_dlpack(_capsule(pointer, b"dltensor", None))
+    _ALIVE[pointer] = (managed, extents)
+    try:
+        return tvm_ffi.from_dlpack(_capsule(pointer, b"dltensor", None))
+    except BaseException:
+        _ALIVE.pop(pointer, None)  # TVM took nothing: no deleter will run
+        raise

@@ -232,13 +232,13 @@ class CudaGraphExecutor(StreamsExecutor):
         self.last_placed: tuple[int, int, int, int] | None = None  # host pointer, bytes, offset, arena end
         self.follows: dict[int, int] = {}  # device pointer -> that of the neighbour it was placed after
         self.offloaded = False
-        self.awaiting = False  # a reload graph was launched: `synchronize` waits for its first result
+        self.awaiting = False  # a reload graph was launched last: `synchronize` waits for its first result
+        self.in_flight = False  # a reload graph's last copies may still run: waited for before any release
         super().__init__(*args, **kwargs)
         self.graph_exec = None
         if self.arena is not None:
             with self._closed_on_error():
                 self.result_event = cuda.event(self.resources)
-            self.resources.callback(self._settle)  # closing waits for a reload's last copies (LIFO: first)
 
     def _allocator(self, host: dict[str, np.ndarray]):
         if not self.offloadable:
@@ -275,8 +275,9 @@ class CudaGraphExecutor(StreamsExecutor):
         if self.offloaded:
             self._resident()
             cuda.launch_graph(self.reload_exec, self.main_stream)
-            self.offloaded, self.awaiting = False, True
+            self.offloaded, self.awaiting, self.in_flight = False, True, True
             return
+        self.awaiting = False  # what follows on stream 0 is waited for whole
         if self.graph_exec is None and not self.warmed:
             self.issue()
             return
@@ -326,8 +327,15 @@ class CudaGraphExecutor(StreamsExecutor):
 
     def _settle(self) -> None:
         """Wait for everything issued, a reload graph's last copies included."""
-        self.awaiting = False
+        self.awaiting = self.in_flight = False
         check(self.cudart.cudaStreamSynchronize(self.streams[0]))
+
+    def close(self) -> None:
+        """Wait for a reload graph's last copies (their page-locked sources and graph are released next),
+        then close."""
+        if self.in_flight and not self.closed:
+            self._settle()
+        super().close()
 
     def _reloaded(self) -> None:
         """An offloaded executor's weights back on the device (the reload graph run), before a timing."""
@@ -357,20 +365,25 @@ class CudaGraphExecutor(StreamsExecutor):
         events = {uploads.kernel: cuda.event(self.resources)
                   for uploads in self.upload_order if uploads.waits and uploads.kernel not in direct}
         launchers = {**self.launchers, **self._direct_launchers(direct)}
-        copied = cuda.event(self.resources)
+        needed, copied = cuda.event(self.resources), cuda.event(self.resources)
         kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
 
-        def reload() -> None:
-            check(cudart.cudaEventRecord(self.fork_event, main))
-            check(cudart.cudaStreamWaitEvent(self.copy_stream, self.fork_event, 0))
-            for item in _merged(copies + [last], [events.get(uploads.kernel) for uploads in self.upload_order]
-                                + [None], self.follows):
+        def copy(items: list) -> None:
+            for item in items:
                 if isinstance(item, tuple):
                     check(cudart.cudaMemcpyAsync(*item, kind, self.copy_stream))
                 else:
                     check(cudart.cudaEventRecord(item, self.copy_stream))
+
+        def reload() -> None:
+            check(cudart.cudaEventRecord(self.fork_event, main))
+            check(cudart.cudaStreamWaitEvent(self.copy_stream, self.fork_event, 0))
+            copy(_merged(copies, [events.get(uploads.kernel) for uploads in self.upload_order], self.follows))
+            check(cudart.cudaEventRecord(needed, self.copy_stream))  # all but the weights read in place
+            copy(_merged([last], [None], self.follows))
             self.uploads = dict(events)  # the plan's issue waits on them, once
             self.issue(launchers=launchers)
+            check(cudart.cudaStreamWaitEvent(main, needed, 0))  # constant outputs too
             self._record_timing(self.result_event, main)  # an event node the host can wait on
             check(cudart.cudaEventRecord(copied, self.copy_stream))
             check(cudart.cudaStreamWaitEvent(main, copied, 0))
@@ -385,12 +398,17 @@ class CudaGraphExecutor(StreamsExecutor):
 
     def _weight_readers(self) -> dict[int, set[int]]:
         """By device pointer of each weight the reload graph copies, the kernels that read it (as an input
-        or as a vendor plan's folded weight)."""
+        or as a vendor plan's folded weight); a constant that is an output of the graph is read by `run`
+        too (reader -1, never in place)."""
         copied = {copy[0] for row in self._located() for copy in row}
         readers: dict[int, set[int]] = {}
         for kernel in self.graph.kernels:
             for pointer in self._read_pointers(kernel) & copied:
                 readers.setdefault(pointer, set()).add(kernel.id)
+        for tensor in self.graph.outputs:
+            buffer = self.buffers.get(tensor.name)
+            if buffer is not None and buffer.data_ptr() in copied:
+                readers.setdefault(buffer.data_ptr(), set()).add(-1)
         return readers
 
     def _read_pointers(self, kernel) -> set[int]:
