@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import types
 
 # pytest-xdist runs one worker per core: one TVM thread each, not a pool of every core in each worker
 if "PYTEST_XDIST_WORKER" in os.environ:
@@ -57,16 +56,12 @@ def fake_cuda(monkeypatch) -> FakeCudart:
 @pytest.fixture
 def fake_driver(monkeypatch) -> FakeDriver:
     """CUDA's virtual memory management on the CPU (`executor.mapped`) over a stand-in driver."""
-    import cuda.core
-
-    from tvmsched import cuda as runtimes
+    from tvmsched import cuda
     from tvmsched.executor import mapped
 
     driver = FakeDriver()
-    monkeypatch.setattr(runtimes, "driver", lambda: driver)
+    monkeypatch.setattr(cuda, "driver", lambda: driver)
     monkeypatch.setattr(mapped, "CHUNK", GRANULARITY)
-    monkeypatch.setattr(mapped, "tvm_ffi", types.SimpleNamespace(from_dlpack=lambda buffer: driver.backing))
-    monkeypatch.setattr(cuda.core, "Buffer", types.SimpleNamespace(from_handle=lambda pointer, size: None))
     return driver
 
 

@@ -122,6 +122,19 @@ def error_line(capsys, *argv: str) -> str:
     return errors[0]
 
 
+def test_an_unexpected_exception_is_one_line_naming_it_a_bug_unless_debugging(capsys, monkeypatch):
+    from tvmsched import cli
+
+    def broken(args):
+        raise RuntimeError("something inside broke")
+    monkeypatch.setattr(cli, "_models_list", broken)
+    line = error_line(capsys, "models", "list")
+    assert "internal error (RuntimeError: something inside broke)" in line and "TVMSCHED_DEBUG=1" in line
+    monkeypatch.setenv("TVMSCHED_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="something inside broke"):
+        main(["models", "list"])
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A sequential llvm build of the branchy model at batch 1, with the model file and input files."""
@@ -281,7 +294,7 @@ def test_build_merge_auto_prints_each_group_choice(saved, capsys):
 def test_tune_merge_tunes_the_merged_kernels(saved, monkeypatch):
     from tvmsched import tuning
 
-    class Stop(Exception):
+    class Stop(BaseException):  # not caught as an internal error by main
         pass
 
     lowered = []

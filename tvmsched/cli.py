@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -81,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]")
         return 130
+    except Exception as error:  # a bug, not the user's error: still one line (TVMSCHED_DEBUG=1: raised)
+        if os.environ.get("TVMSCHED_DEBUG"):
+            raise
+        console.print(f"[red]error:[/red] internal error ({type(error).__name__}: {error}); this is a bug in "
+                      f"tvmsched: rerun with TVMSCHED_DEBUG=1 for the traceback and report it")
+        return 2
 
 
 def _build_parser() -> _Parser:

@@ -7,10 +7,10 @@ which hold those addresses; what the memory held is gone and must be written aga
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 
 from tvmsched import cuda
 from tvmsched.cuda import check_driver
+from tvmsched.dlpack import tensor_at
 from tvmsched.errors import TargetError
 from tvmsched.executor.slabs import aligned, tensor_bytes
 
@@ -23,8 +23,6 @@ class MappedArena:
     `restore()`. `close()` frees memory and addresses."""
 
     def __init__(self, device: tvm.runtime.Device, reserve_bytes: int):
-        from cuda.core import Buffer
-
         cu = cuda.driver()
         self.device = device
         self.prop = cu.CUmemAllocationProp()
@@ -43,8 +41,8 @@ class MappedArena:
         self.mapped = 0  # bytes from the base that have memory behind them (before any release)
         self.used = 0
         try:
-            self._map(0, min(self.size, self._rounded(CHUNK)))  # DLPack asks the driver about the base
-            self.whole = tvm_ffi.from_dlpack(Buffer.from_handle(self.base, self.size))
+            self._map(0, min(self.size, self._rounded(CHUNK)))
+            self.whole = tensor_at(self.base, (self.size,), "uint8", device)
         except BaseException:
             self.close()
             raise
