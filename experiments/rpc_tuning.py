@@ -135,8 +135,8 @@ class ProcessCpu:
     sampled every second (a process that ends between samples loses its last second)."""
 
     def __init__(self):
-        self.first: dict[int, float] = {}
-        self.last: dict[int, tuple[str, float]] = {}
+        self.first: dict[tuple, float] = {}  # by (pid, start time): a reused pid is another process
+        self.last: dict[tuple, tuple[str, float]] = {}
         self.done = threading.Event()
 
     def start(self) -> None:
@@ -151,8 +151,8 @@ class ProcessCpu:
 
     def seconds(self) -> dict[str, float]:
         parts: dict[str, float] = {}
-        for pid, (part, cpu) in self.last.items():
-            parts[part] = parts.get(part, 0.0) + cpu - self.first.get(pid, 0.0)
+        for key, (part, cpu) in self.last.items():
+            parts[part] = parts.get(part, 0.0) + cpu - self.first.get(key, 0.0)
         return {part: round(value, 1) for part, value in sorted(parts.items())}
 
     def _run(self) -> None:
@@ -160,18 +160,21 @@ class ProcessCpu:
             self._sample()
 
     def _sample(self, initial: bool = False) -> None:
-        """Each process's CPU seconds now; a process first seen after `start` counts from zero."""
+        """Each process's CPU seconds now; a process first seen after `start` counts from zero. At `start`
+        every process's seconds are the baseline, also where its part cannot be read yet."""
         for process in psutil.process_iter():
             try:
-                part = run_part(process)
-                if part is None:
-                    continue
+                key = (process.pid, process.create_time())
                 times = process.cpu_times()
                 cpu = times.user + times.system
+                if initial:
+                    self.first[key] = cpu
+                part = run_part(process)
             except psutil.Error:
                 continue
-            self.first.setdefault(process.pid, cpu if initial else 0.0)
-            self.last[process.pid] = (part, cpu)
+            if part is not None:
+                self.first.setdefault(key, 0.0)
+                self.last[key] = (part, cpu)
 
 
 def run_part(process: psutil.Process) -> str | None:

@@ -117,7 +117,7 @@ def test_a_load_reads_no_unchanged_file_for_its_digest_but_a_changed_one(branchy
     build = tvmsched.compile(branchy_model, batch=1).save(tmp_path / "build")
     read.clear()
     if process == "another":
-        monkeypatch.setattr(digests, "_MATCHED", set())
+        monkeypatch.setattr(digests.REMEMBERED, "known", {})
     tvmsched.load(build)
     tvmsched.load(build)
     assert read == []

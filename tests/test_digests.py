@@ -30,7 +30,7 @@ def test_a_checked_file_is_read_again_only_once_changed(tmp_path, counted, monke
     digest = digests.sha256(path)
     counted.clear()
     assert digests.matches(path, digest) and counted == ["a.bin"]
-    monkeypatch.setattr(digests, "_MATCHED", set())  # another process: the cache file remembers it
+    monkeypatch.setattr(digests.REMEMBERED, "known", {})  # another process: the cache file remembers it
     assert digests.matches(path, digest) and counted == ["a.bin"]
     assert not digests.matches(path, "0" * 64)  # another digest is checked against the file
     status = path.stat()
@@ -49,7 +49,7 @@ def test_files_deleted_since_are_forgotten(tmp_path):
     third = tmp_path / "third"
     third.write_bytes(b"3")
     digests.checked_sha256(third)
-    remembered = read_section(cache_path("verified.json"), digests.SECTION)
+    remembered = read_section(cache_path("verified.json"), digests.REMEMBERED.section)
     assert str(second.resolve()) in remembered and str(third.resolve()) in remembered
     assert str(first.resolve()) not in remembered
 
@@ -67,7 +67,7 @@ def test_a_file_written_while_it_is_hashed_is_not_remembered(tmp_path, monkeypat
     monkeypatch.setattr(digests, "sha256", written_meanwhile)
     digest = digests.checked_sha256(path)
     monkeypatch.setattr(digests, "sha256", hashed)
-    monkeypatch.setattr(digests, "_MATCHED", set())
+    monkeypatch.setattr(digests.REMEMBERED, "known", {})
     assert not digests.matches(path, digest)
 
 
@@ -88,10 +88,10 @@ def test_a_file_changed_just_before_its_check_is_not_remembered_unless_written_h
     path.write_bytes(b"a")
     digest = digests.checked_sha256(path)
     assert not digests.matches(path, "0" * 64) and digests.matches(path, digest)
-    monkeypatch.setattr(digests, "_MATCHED", set())
-    assert str(path.resolve()) not in read_section(cache_path("verified.json"), digests.SECTION)
+    monkeypatch.setattr(digests.REMEMBERED, "known", {})
+    assert str(path.resolve()) not in read_section(cache_path("verified.json"), digests.REMEMBERED.section)
     digests.checked_sha256(path, written_here=True)
-    assert str(path.resolve()) in read_section(cache_path("verified.json"), digests.SECTION)
+    assert str(path.resolve()) in read_section(cache_path("verified.json"), digests.REMEMBERED.section)
 
 
 def test_a_cache_that_cannot_be_written_saves_nothing_and_breaks_nothing(tmp_path, monkeypatch,

@@ -45,7 +45,7 @@ def test_a_build_that_needed_merged_shared_memory_is_built_with_it_at_once_next_
 
     first, again, other = [], [], []
     assert built_retrying_merged(lambda: build(first), "cuda", "kernels/h100") == "built"
-    monkeypatch.setattr(shared_memory, "_NEEDED", set())
+    monkeypatch.setattr(shared_memory.NEEDED, "known", {})
     assert built_retrying_merged(lambda: build(again), "cuda", "kernels/h100") == "built"
     assert built_retrying_merged(lambda: build(other), "cuda", "others/h100") == "built"
     assert first == [False, True] and again == [True] and other == [False, True]

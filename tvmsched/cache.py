@@ -59,3 +59,26 @@ def merge_into_cache(path: Path, key: str, entries: dict, keep: Callable[[str], 
             temporary.replace(path)
     except OSError as error:  # a read-only or missing cache directory: the cache only saves time
         LOGGER.debug("cache %s not written: %s", path, error)
+
+
+class Remembered:
+    """Entries of the section `section` of cache file `name`, kept in this process in front of the file: a
+    lookup reads the file only for a key this process has not seen, and `remember` saves to both (the file
+    drops the entries whose key `keep` refuses, where given). A new instance stands for another process."""
+
+    def __init__(self, name: str, section: str, keep: Callable[[str], bool] | None = None):
+        self.name, self.section, self.keep = name, section, keep
+        self.known: dict[str, object] = {}
+
+    def get(self, key: str):
+        """The value remembered for `key` here or in the file; None if neither has it."""
+        if key not in self.known:
+            value = read_section(cache_path(self.name), self.section).get(key)
+            if value is None:
+                return None
+            self.known[key] = value
+        return self.known[key]
+
+    def remember(self, key: str, value) -> None:
+        self.known[key] = value
+        merge_into_cache(cache_path(self.name), self.section, {key: value}, keep=self.keep)

@@ -15,12 +15,12 @@ import hashlib
 import time
 from pathlib import Path
 
-from tvmsched.cache import cache_path, merge_into_cache, read_section
+from tvmsched.cache import Remembered
 
-SECTION = "digests1"
 RACY_NS = 2_000_000_000  # a file changed as recently as this is hashed again at its next check
 HASHED_BYTES = 16 << 20  # read and hashed at a time: few waits for the GIL, and within the caches
-_MATCHED: set[tuple] = set()  # this process's: (path, identity, times, digest)
+# by path: [identity, times, digest]; files deleted since are forgotten
+REMEMBERED = Remembered("verified.json", "digests1", keep=lambda name: Path(name).exists())
 
 
 def sha256(path: Path) -> str:
@@ -43,25 +43,16 @@ def checked_sha256(path: Path, written_here: bool = False) -> str:
     before = _key(path, None)
     digest = sha256(path)
     if _key(path, None) == before and (written_here or time.time_ns() - before[5] > RACY_NS):
-        _remember(before[:-1] + (digest,))
+        REMEMBERED.remember(before[0], list(before[1:-1]) + [digest])
     return digest
 
 
 def matches(path: Path, digest: str | None) -> bool:
     """Whether the file's SHA-256 is `digest`; a file remembered with it, unchanged since, is not read."""
     key = _key(path, digest)
-    if key in _MATCHED:
-        return True
-    if read_section(cache_path("verified.json"), SECTION).get(key[0]) == list(key[1:]):
-        _MATCHED.add(key)
+    if digest is not None and REMEMBERED.get(key[0]) == list(key[1:]):
         return True
     return digest is not None and checked_sha256(path) == digest
-
-
-def _remember(key: tuple) -> None:
-    _MATCHED.add(key)
-    merge_into_cache(cache_path("verified.json"), SECTION, {key[0]: list(key[1:])},
-                     keep=lambda name: Path(name).exists())  # files deleted since are forgotten
 
 
 def _key(path: Path, digest: str | None) -> tuple:

@@ -18,13 +18,12 @@ from typing import TypeVar
 
 import tvm
 
-from tvmsched.cache import cache_path, merge_into_cache, read_section
+from tvmsched.cache import Remembered
 
 MERGED = {"tirx.merge_static_smem": True}
 REFUSED = "tvm_access_ptr element type must match"
-SECTION = "merged_shared_memory1"  # of the cache file builds.json: the builds known to need MERGED
+NEEDED = Remembered("builds.json", "merged_shared_memory1")  # the builds known to need MERGED: True
 Built = TypeVar("Built")
-_NEEDED: set[str] = set()  # this process's
 
 
 def built_retrying_merged(build: Callable[[], Built], target_kind: str, key: str | None = None) -> Built:
@@ -32,23 +31,17 @@ def built_retrying_merged(build: Callable[[], Built], target_kind: str, key: str
     configuration with MERGED added. A build whose `key` (its content and target) needed MERGED before, in
     this process or another, is built with it at once: the refused build cost googlenet's fp16 library 2.6
     s of 22.8 on this machine's CPU (`experiments/results/shared_memory_retry_cost_cpu_2026-11-26.json`)."""
-    if key is None or not _needed(key):
+    if key is None or NEEDED.get(key) is not True:
         try:
             return build()
         except Exception as error:  # noqa: BLE001  (TVM raises its own error types)
             if target_kind != "cuda" or REFUSED not in str(error):
                 raise
         if key is not None:
-            _NEEDED.add(key)
-            merge_into_cache(cache_path("builds.json"), SECTION, {key: True})
+            NEEDED.remember(key, True)
     current = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(opt_level=current.opt_level, required_pass=current.required_pass,
                                    disabled_pass=current.disabled_pass,
                                    config={**dict(current.config), **MERGED}):
         return build()
 
-
-def _needed(key: str) -> bool:
-    if key not in _NEEDED and read_section(cache_path("builds.json"), SECTION).get(key) is True:
-        _NEEDED.add(key)
-    return key in _NEEDED
