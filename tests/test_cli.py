@@ -135,6 +135,33 @@ def test_an_unexpected_exception_is_one_line_naming_it_a_bug_unless_debugging(ca
         main(["models", "list"])
 
 
+def test_ctrl_c_that_tvm_turned_into_an_error_is_reported_as_interrupted(capsys, monkeypatch):
+    """TVM raises an empty RuntimeError where Ctrl-C lands in Python code it called back."""
+    import signal
+
+    from tvmsched import cli
+
+    def interrupted_inside_tvm(args):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            raise RuntimeError("") from None
+    monkeypatch.setattr(cli, "_models_list", interrupted_inside_tvm)
+    assert main(["models", "list"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_error_text_is_printed_as_is_not_as_markup(capsys, monkeypatch):
+    from tvmsched import cli
+    from tvmsched.errors import UsageError
+
+    def broken(args):
+        raise UsageError("expected list[int], got [/b] here")
+    monkeypatch.setattr(cli, "_models_list", broken)
+    assert error_line(capsys, "models", "list") == "error: expected list[int], got [/b] here"
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A sequential llvm build of the branchy model at batch 1, with the model file and input files."""

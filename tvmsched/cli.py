@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tvmsched.errors import InputError, OutputError, TvmschedError, UsageError
@@ -74,20 +77,44 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    with _noting_interrupts() as interrupted:
+        try:
+            return args.handler(args) or 0
+        except TvmschedError as error:
+            console.print(f"[red]error:[/red] {escape(str(error))}")
+            return 2
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/yellow]")
+            return 130
+        except Exception as error:  # a bug, not the user's error: one line too (TVMSCHED_DEBUG=1: raised)
+            if interrupted:  # TVM turns an interrupt inside Python code it called into a RuntimeError
+                console.print("[yellow]interrupted[/yellow]")
+                return 130
+            if os.environ.get("TVMSCHED_DEBUG", "0") != "0":
+                raise
+            console.print(f"[red]error:[/red] internal error ({type(error).__name__}: {escape(str(error))}); "
+                          f"this is a bug in tvmsched: rerun with TVMSCHED_DEBUG=1 for the traceback and "
+                          f"report it")
+            return 2
+
+
+@contextmanager
+def _noting_interrupts():
+    """A list that becomes non-empty once Ctrl-C is pressed within the block (which still raises
+    KeyboardInterrupt where Python code runs); in the main thread only, where signals arrive."""
+    interrupted: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def note(signum, frame):
+        interrupted.append(True)
+        signal.default_int_handler(signum, frame)
+    previous = signal.signal(signal.SIGINT, note)
     try:
-        return args.handler(args) or 0
-    except TvmschedError as error:
-        console.print(f"[red]error:[/red] {error}")
-        return 2
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]")
-        return 130
-    except Exception as error:  # a bug, not the user's error: still one line (TVMSCHED_DEBUG=1: raised)
-        if os.environ.get("TVMSCHED_DEBUG"):
-            raise
-        console.print(f"[red]error:[/red] internal error ({type(error).__name__}: {error}); this is a bug in "
-                      f"tvmsched: rerun with TVMSCHED_DEBUG=1 for the traceback and report it")
-        return 2
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _build_parser() -> _Parser:

@@ -333,9 +333,11 @@ class CudaGraphExecutor(StreamsExecutor):
     def close(self) -> None:
         """Wait for a reload graph's last copies (their page-locked sources and graph are released next),
         then close."""
-        if self.in_flight and not self.closed:
-            self._settle()
-        super().close()
+        try:
+            if self.in_flight and not self.closed:
+                self._settle()
+        finally:
+            super().close()
 
     def _reloaded(self) -> None:
         """An offloaded executor's weights back on the device (the reload graph run), before a timing."""
