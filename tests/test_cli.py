@@ -147,9 +147,13 @@ def test_ctrl_c_that_tvm_turned_into_an_error_is_reported_as_interrupted(capsys,
         except KeyboardInterrupt:
             raise RuntimeError("") from None
     monkeypatch.setattr(cli, "_models_list", interrupted_inside_tvm)
-    assert main(["models", "list"]) == 130
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (not ignored)
+    try:
+        assert main(["models", "list"]) == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert "interrupted" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
 def test_error_text_is_printed_as_is_not_as_markup(capsys, monkeypatch):

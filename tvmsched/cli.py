@@ -101,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
 @contextmanager
 def _noting_interrupts():
     """A list that becomes non-empty once Ctrl-C is pressed within the block (which still raises
-    KeyboardInterrupt where Python code runs); in the main thread only, where signals arrive."""
+    KeyboardInterrupt where Python code runs); in the main thread only, where signals arrive, and not
+    where Ctrl-C is ignored (a process started in the background)."""
     interrupted: list[bool] = []
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield interrupted
         return
 
