@@ -368,21 +368,14 @@ class CudaGraphExecutor(StreamsExecutor):
                   for uploads in self.upload_order if uploads.waits and uploads.kernel not in direct}
         launchers = {**self.launchers, **self._direct_launchers(direct)}
         needed, copied = cuda.event(self.resources), cuda.event(self.resources)
-        kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-
-        def copy(items: list) -> None:
-            for item in items:
-                if isinstance(item, tuple):
-                    check(cudart.cudaMemcpyAsync(*item, kind, self.copy_stream))
-                else:
-                    check(cudart.cudaEventRecord(item, self.copy_stream))
 
         def reload() -> None:
             check(cudart.cudaEventRecord(self.fork_event, main))
             check(cudart.cudaStreamWaitEvent(self.copy_stream, self.fork_event, 0))
-            copy(_merged(copies, [events.get(uploads.kernel) for uploads in self.upload_order], self.follows))
+            self._copy(_merged(copies, [events.get(uploads.kernel) for uploads in self.upload_order],
+                               self.follows))
             check(cudart.cudaEventRecord(needed, self.copy_stream))  # all but the weights read in place
-            copy(_merged([last], [None], self.follows))
+            self._copy(_merged([last], [None], self.follows))
             self.uploads = dict(events)  # the plan's issue waits on them, once
             self.issue(launchers=launchers)
             check(cudart.cudaStreamWaitEvent(main, needed, 0))  # constant outputs too
@@ -391,6 +384,16 @@ class CudaGraphExecutor(StreamsExecutor):
             check(cudart.cudaStreamWaitEvent(main, copied, 0))
 
         return cuda.capture(self.resources, main, reload)
+
+    def _copy(self, items: list) -> None:
+        """Issue on the copy stream each (destination, source, bytes) copy of `items`, and record each event
+        among them, in order."""
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        for item in items:
+            if isinstance(item, tuple):
+                check(self.cudart.cudaMemcpyAsync(*item, kind, self.copy_stream))
+            else:
+                check(self.cudart.cudaEventRecord(item, self.copy_stream))
 
     def _located(self) -> list[list[tuple[int, int, int, tuple]]]:
         """`_page_locked`, made on first use and kept."""
@@ -483,15 +486,10 @@ class CudaGraphExecutor(StreamsExecutor):
         located = self._located()
         copies = [copy[:3] for row in located for copy in row]
         total = sum(copy[2] for copy in copies)
-        kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-
-        def copy_all() -> None:
-            for copy in copies:
-                check(self.cudart.cudaMemcpyAsync(*copy, kind, self.copy_stream))
-
-        copy_ms = measure.time_captured(self.copy_stream, copy_all, replays=1, rounds=3) if copies else 0.0
-        reading = frozenset(kernel.id for kernel in self.graph.kernels if self._read_pointers(kernel) &
-                            {copy[0] for copy in copies})
+        copy_ms = measure.time_captured(self.copy_stream, lambda: self._copy(copies), replays=1,
+                                        rounds=3) if copies else 0.0
+        reading = frozenset(kernel for readers in self._weight_readers().values()
+                            for kernel in readers if kernel != -1)  # -1: `run`, reading a constant output
         on_device = self._kernel_times(self.launchers)
         in_place = self._kernel_times({**self.launchers, **self._direct_launchers(reading)})
         rows = []
