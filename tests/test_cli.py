@@ -225,6 +225,8 @@ def test_bad_flags_are_refused_before_any_work(saved, capsys, monkeypatch, args,
 @pytest.mark.parametrize("flag, message", [
     ("input=missing.npy", "--input input=missing.npy: 'missing.npy' does not exist; write the array with "
                           "numpy.save"),
+    ("input=/dev/null", "--input input=/dev/null: '/dev/null' is not a file; write the array with "
+                        "numpy.save"),
     ("input=notes.txt.npy", "'notes.txt.npy' is not a NumPy .npy file; write the array with "
                             "numpy.save('notes.txt.npy', array)"),
     ("input=x.npz", "'x.npz' is an .npz archive (of input), not one array; save the input alone: "

@@ -570,7 +570,8 @@ def _npy_arrays(flag: str, items: list[str]) -> dict[str, np.ndarray]:
 def _read_array(where: str, path: Path) -> np.ndarray:
     """The array a .npy file holds; a missing file, another kind of file or an .npz archive is an error."""
     if not path.is_file():
-        raise InputError(f"{where}: '{path}' does not exist; write the array with numpy.save")
+        problem = "is not a file" if path.exists() else "does not exist"
+        raise InputError(f"{where}: '{path}' {problem}; write the array with numpy.save")
     try:
         value = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
