@@ -29,6 +29,19 @@ def random_graph(num_kernels: int, seed: int, max_inputs: int = 3) -> KernelGrap
     return KernelGraph(tuple(kernels), (graph_input,), outputs, ())
 
 
+def graph_of(producers: list[tuple[int, ...]], size: int = 4096) -> KernelGraph:
+    """Kernel i reads the outputs of kernels `producers[i]` (the graph input where empty); each writes `size`
+    floats, and the last kernel's output is the graph's."""
+    graph_input = TensorRef("input", (size,), "float32", "input")
+    kernels: list[Kernel] = []
+    for kernel_id, reads in enumerate(producers):
+        inputs = tuple(kernels[p].outputs[0] for p in reads) or (graph_input,)
+        output = TensorRef(f"k{kernel_id}", (size,), "float32", "kernel", kernel_id)
+        kernels.append(Kernel(kernel_id, f"f{kernel_id}", "0", inputs, (output,), 0,
+                              sum(t.nbytes for t in inputs) + output.nbytes, ("synthetic",)))
+    return KernelGraph(tuple(kernels), (graph_input,), (kernels[-1].outputs[0],), ())
+
+
 def random_order(graph: KernelGraph, num_streams: int, seed: int) -> list[tuple[int, int]]:
     """A random topological order with a random stream for each kernel."""
     rng = np.random.default_rng(seed)

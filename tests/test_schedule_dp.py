@@ -2,9 +2,10 @@
 never worse than greedy or sequential on the zoo's graphs, and its plans valid and race-free."""
 
 import itertools
+import random
 
 import pytest
-from synthetic import random_graph
+from synthetic import graph_of, random_graph
 from test_plan import assert_race_free
 
 from tvmsched.cost import CostModel
@@ -12,15 +13,17 @@ from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.plan import add_waits, make_plan
 from tvmsched.schedule import create_scheduler
 from tvmsched.schedule.base import Schedule
-from tvmsched.schedule.dp import blocks
+from tvmsched.schedule.dp import MergeOption, blocks, merged_latency
 from tvmsched.schedule.greedy import GreedyScheduler
 
 
-def brute_force(graph, cost, max_group_size, max_groups) -> float:
+def brute_force(graph, cost, max_group_size, max_groups, options=()) -> float:
     """Minimum total stage latency over every sequence of stages, enumerated forwards from the start:
     a stage is any set of unscheduled kernels whose producers are scheduled or in the set, its groups the
-    set's connected components (bounded like the DP's)."""
+    set's connected components (bounded like the DP's); a set that is a merge option's kernels may take
+    the option's merged latency instead (IOS-Both)."""
     kernels = [kernel.id for kernel in graph.kernels]
+    merged = {option.kernels: option.merged_ms for option in options}
     best = float("inf")
 
     def groups_of(members):
@@ -54,9 +57,11 @@ def brute_force(graph, cost, max_group_size, max_groups) -> float:
                 if any(not graph.dependencies(kernel) <= done | chosen for kernel in members):
                     continue
                 groups = groups_of(members)
-                if len(groups) > max_groups or max(map(len, groups)) > max_group_size:
-                    continue
-                search(done | chosen, total + cost.stage_latency(groups))
+                latency = merged.get(frozenset(chosen), float("inf"))
+                if len(groups) <= max_groups and max(map(len, groups)) <= max_group_size:
+                    latency = min(latency, cost.stage_latency(groups))
+                if latency < float("inf"):
+                    search(done | chosen, total + latency)
 
     search(frozenset(), 0.0)
     return best
@@ -72,6 +77,50 @@ def test_dp_equals_brute_force_on_small_dags(seed):
     assert modeled == pytest.approx(schedule.stats["modeled_ms"])
     assert modeled == pytest.approx(brute_force(graph, cost, 2, 3), rel=1e-9)
     assert_race_free(graph, make_plan(graph, list(schedule.order), "dp"))
+
+
+def random_options(graph, seed: int, count: int = 3) -> tuple[MergeOption, ...]:
+    """`count` merge options over random sets of two to four kernels, merged in 2 to 12 us."""
+    rng = random.Random(seed)
+    ids = [kernel.id for kernel in graph.kernels]
+    return tuple(MergeOption(group, frozenset(rng.sample(ids, rng.randint(2, min(4, len(ids))))),
+                             rng.uniform(0.002, 0.012)) for group in range(count))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_merge_search_equals_brute_force_on_small_dags(seed):
+    graph = random_graph(num_kernels=4 + seed % 5, seed=700 + seed, max_inputs=2)
+    cost = AnalyticCost(graph)
+    options = random_options(graph, seed)
+    scheduler = create_scheduler("dp", max_streams=3, max_group_size=2, max_groups=3)
+    stages = scheduler.merge_search(graph, cost, options)
+    assert merged_latency(stages, cost) == pytest.approx(brute_force(graph, cost, 2, 3, options), rel=1e-9)
+    for stage, option in stages:
+        assert option is None or set(stage.kernels) == option.kernels
+    order = Schedule.from_stages([stage for stage, _ in stages]).order
+    assert_race_free(graph, make_plan(graph, list(order), "dp"))
+
+
+def _diamond():
+    """Kernel 0 feeds 1 and 2 (a group of two convolutions reading one tensor), which 3 joins."""
+    return graph_of([(), (0,), (0,), (1, 2)])
+
+
+@pytest.mark.parametrize("merged_ms, merges", [(0.001, True), (1.0, False)])
+def test_merge_search_merges_a_stage_only_where_merged_is_faster(merged_ms, merges):
+    graph = _diamond()
+    option = MergeOption(0, frozenset({1, 2, 3}), merged_ms)
+    for cost in (AnalyticCost(graph), CountingCost(graph)):  # the second as measured: an analytic guide
+        stages = create_scheduler("dp").merge_search(graph, cost, (option,))
+        assert [option_ for _, option_ in stages if option_] == [option] * merges
+        assert sorted(kernel for stage, _ in stages for kernel in stage.kernels) == [0, 1, 2, 3]
+
+
+def test_blocks_that_a_merge_option_spans_are_one():
+    graph = _diamond()
+    assert blocks(graph) == [[0], [1, 2], [3]]
+    assert blocks(graph, [frozenset({1, 2, 3})]) == [[0], [1, 2, 3]]
+    assert blocks(graph, [frozenset({0, 1}), frozenset({2, 3})]) == [[0, 1, 2, 3]]
 
 
 @pytest.mark.parametrize("seed", range(4))

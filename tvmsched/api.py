@@ -29,11 +29,11 @@ from tvmsched.layout import chosen
 from tvmsched.load_plan import LoadPlan, plan_load, time_reloads
 from tvmsched.lower import LoweredModule, kernel_module, lower
 from tvmsched.merge import Merged
-from tvmsched.merge_choice import MergeChoice
+from tvmsched.merge_choice import MergeChoice, choose_merges, chosen_in_dp
 from tvmsched.pinned import pin_mapping
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.precision import PRECISIONS
-from tvmsched.rewrite import MERGES, rewrite
+from tvmsched.rewrite import MERGES, prepared, rewrite
 from tvmsched.schedule import Scheduler, create_scheduler
 from tvmsched.tactics import tail
 from tvmsched.tactics.affine import folds, vendor_call, vendor_op_of
@@ -176,11 +176,6 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     relax_module = frontend.to_relax(proto, inputs, constant_inputs)
     logs = build_logs(spec, tuning_log) if tuned else []
     progress("rewriting (" + ", ".join([precision, layout] + [f"merge {merge}"] * (merge != "off")) + ")")
-
-    def group_latencies(module: tvm.IRModule) -> tuple[float, ...]:
-        progress("choosing the convolutions to merge (each group timed merged and not)")
-        return alternative_ms(module, spec, logs, kernels)
-    merged = rewrite(relax_module, precision, layout, merge, group_latencies, spec)
     output_names = [value.name for value in proto.graph.output]
 
     def built(rewritten: Merged) -> CompiledModel:
@@ -203,12 +198,43 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
             return model
         progress(f"scheduling ({schedule})")
         return model.reschedule(schedule, max_streams, executor, cost, **schedule_options)
-    model = built(merged)
-    if merge != "auto" or not merged.convolutions or not _has_gpu(spec):
-        return _ready(model)
-    progress("checking the merged model against the unmerged one (each built, scheduled and timed)")
-    plain = built(replace(rewrite(relax_module, precision, layout, spec=spec), choices=merged.choices))
-    return _ready(whole_model_check(model, plain))
+
+    def in_build(part: tvm.IRModule) -> tvm.IRModule:
+        return prepared(part, precision, layout, spec)
+    choices = ()
+    if merge == "auto":
+        progress("choosing the convolutions to merge (each group timed merged and not)")
+        choices = choose_merges(relax_module,
+                                lambda part: alternative_ms(in_build(part), spec, logs, kernels))
+    if not choices:
+        return _ready(built(rewrite(relax_module, precision, layout, merge, spec=spec)))
+    gpu = _has_gpu(spec)
+    plain = built(Merged(in_build(relax_module), choices=choices)) if gpu else None
+    if schedule == "dp":
+        progress("weighing each group merged inside dp's search of the unmerged model (IOS-Both)")
+        choices = _chosen_in_dp(relax_module, choices, plain, in_build, [item.name for item in inputs], cost,
+                                dict(max_streams=max_streams, **schedule_options))
+    merged = rewrite(relax_module, precision, layout, merge, choices, spec)
+    if plain is not None:
+        plain = plain.with_meta(replace(plain.meta, merge_choices=choices))
+        if not merged.convolutions:
+            return _ready(plain)
+        progress("checking the merged model against the unmerged one (each built, scheduled and timed)")
+        return _ready(whole_model_check(built(merged), plain))
+    return _ready(built(merged))
+
+
+def _chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], plain: CompiledModel | None,
+                  in_build: Callable[[tvm.IRModule], tvm.IRModule], input_names: list[str], cost: str | None,
+                  options: dict) -> tuple[MergeChoice, ...]:
+    """`merge_choice.chosen_in_dp` on the unmerged model: `plain`'s graph with its cost source `cost` (the
+    GPU's measurements by default), or without a GPU (no `plain`) the analytic cost of its graph."""
+    scheduler = create_scheduler("dp", **options)
+    if plain is None:
+        graph, _ = extract(lower(in_build(module)), input_names)
+        return chosen_in_dp(module, choices, graph, AnalyticCost(graph), scheduler, in_build)
+    with plain.cost_model(cost, options["max_streams"]) as cost_model:
+        return chosen_in_dp(module, choices, plain.graph, cost_model, scheduler, in_build)
 
 
 def _ready(model: CompiledModel) -> CompiledModel:

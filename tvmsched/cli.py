@@ -453,7 +453,8 @@ def _compiled(args):
         convolutions, matmuls = model.meta.merged_convolutions, model.meta.merged_matmuls
         for choice in model.meta.merge_choices:
             console.print(f"  {choice.members} convolutions of one tensor: {choice.members_ms:.4f} ms, "
-                          f"merged {choice.merged_ms:.4f} ms: {'merged' if choice.merged else 'kept apart'}")
+                          f"merged {choice.merged_ms:.4f} ms: {'merged' if choice.merged else 'kept apart'}"
+                          + (" (dp's search of the whole model)" if choice.dp_merged is not None else ""))
         if model.meta.merge_check:
             merged_ms, plain_ms = model.meta.merge_check
             console.print(f"  the whole model: {merged_ms:.4f} ms merged, {plain_ms:.4f} ms unmerged: "

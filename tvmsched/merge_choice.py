@@ -1,5 +1,6 @@
 """IOS-Both's choice (`--merge auto`): each group of convolutions reading one tensor is merged only where the
-merged convolution with its slices runs faster than the members as dp would run them.
+merged convolution with its slices runs faster than the members as dp would run them, or, where dp
+schedules the build, where dp's search of the unmerged model chose a stage of it merged (`chosen_in_dp`).
 
 The groups (`merge.convolution_groups`) are costed together in two modules, each group reading a parameter
 of its own: one holds the members, each with the element-wise epilogue that follows it in the model
@@ -9,43 +10,54 @@ each module as it does the model and returns, per parameter, dp's stage sum for 
 it. The epilogues keep each member's kernel the model's kernel, so its tuning records and vendor plans
 apply; a slice that the model's concat of several branches would absorb is a copy here, which leans the
 choice towards not merging.
+
+`chosen_in_dp` then lets dp weigh each group in context (IOS-Both proper): dp's search of the unmerged
+model's kernel graph (`DynamicProgrammingScheduler.merge_search`), where a stage made of exactly a group's
+kernels (`merge_kernels.group_kernels`) may run at the group's merged latency instead, so that a group's
+members may also share stages with other branches. The groups it chose merged are merged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm import relax
 
+from tvmsched.cost import CostModel
 from tvmsched.epilogues import Bindings, renamed
-from tvmsched.lower import is_op
+from tvmsched.graph import KernelGraph, extract
+from tvmsched.lower import is_op, lower
 from tvmsched.merge import Convolution, convolution_groups, merge_convolutions
+from tvmsched.merge_kernels import group_kernels
+from tvmsched.schedule.dp import DynamicProgrammingScheduler, MergeOption
 
-SCHEMA = 1
+SCHEMA = 2  # 2: dp_merged (a choice of schema 1 was the group's own)
 
 
 @dataclass(frozen=True)
 class MergeChoice:
     """One group of convolutions reading one tensor: how many, the latency (ms, dp's stage sum) of its
-    members and of them merged, and whether the group was merged (where merged is faster)."""
+    members and of them merged, and what dp's search of the whole model chose (`chosen_in_dp`; None where
+    it did not weigh the group). The group is merged where dp chose so, else where merged is faster."""
 
     members: int
     members_ms: float
     merged_ms: float
+    dp_merged: bool | None = None
 
     @property
     def merged(self) -> bool:
-        return self.merged_ms < self.members_ms
+        return self.merged_ms < self.members_ms if self.dp_merged is None else self.dp_merged
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "members": self.members, "members_ms": self.members_ms,
-                "merged_ms": self.merged_ms}
+                "merged_ms": self.merged_ms, "dp_merged": self.dp_merged}
 
     @classmethod
     def from_json(cls, data: dict) -> MergeChoice:
-        return cls(data["members"], data["members_ms"], data["merged_ms"])
+        return cls(data["members"], data["members_ms"], data["merged_ms"], data.get("dp_merged"))
 
 
 def choose_merges(module: tvm.IRModule, latencies: Callable[[tvm.IRModule], tuple[float, ...]]
@@ -59,6 +71,24 @@ def choose_merges(module: tvm.IRModule, latencies: Callable[[tvm.IRModule], tupl
     merged, _ = merge_convolutions(members)
     return tuple(MergeChoice(len(group), alone, together)
                  for group, alone, together in zip(groups, latencies(members), latencies(merged)))
+
+
+def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], graph: KernelGraph, cost: CostModel,
+                 scheduler: DynamicProgrammingScheduler, prepared: Callable[[tvm.IRModule], tvm.IRModule]
+                 ) -> tuple[MergeChoice, ...]:
+    """`choices` (of `choose_merges(module)`) with `dp_merged` set for each group whose kernels
+    `group_kernels` finds in `graph` (the kernel graph of `module` unmerged, rewritten by `prepared` and
+    lowered): whether `scheduler`'s IOS-Both search of `graph` with `cost` ran a stage of them merged."""
+    members = groups_module(module, convolution_groups(module))
+    members_graph, _ = extract(lower(prepared(members)), [param.name for param in members["main"].params])
+    found = group_kernels(members_graph, graph)
+    options = tuple(MergeOption(index, kernels, choice.merged_ms)
+                    for index, (kernels, choice) in enumerate(zip(found, choices)) if kernels)
+    if not options:
+        return choices
+    merged = {option.group for _, option in scheduler.merge_search(graph, cost, options) if option}
+    return tuple(choice if kernels is None else replace(choice, dp_merged=index in merged)
+                 for index, (kernels, choice) in enumerate(zip(found, choices)))
 
 
 def merge_chosen(module: tvm.IRModule, choices: tuple[MergeChoice, ...]

@@ -13,6 +13,10 @@ guides the real one: per state only the `measure_top` ending sets the model rank
 Each part's searched stages are finally checked against greedy's (IOS's baseline): by stage sums, or where
 the cost source can time whole orders, in the whole plan as executed, which is then also checked against
 the baseline schedulers' plans of the whole graph (docs/schedulers.md).
+
+IOS-Both (`merge_search`): given merge options (the kernels of a group of convolutions reading one tensor
+and the latency of that group merged), a stage made of exactly an option's kernels may run them merged
+instead, whichever the cost source finds faster; the search says which stages merged.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tvmsched.cost import CostModel
 from tvmsched.cost.analytic import AnalyticCost
@@ -38,6 +42,18 @@ from tvmsched.schedule.greedy import GreedyScheduler
 from tvmsched.schedule.nimble import NimbleScheduler
 from tvmsched.schedule.opara import OparaScheduler
 from tvmsched.schedule.sequential import SequentialScheduler
+
+
+@dataclass(frozen=True)
+class MergeOption:
+    """IOS-Both's other way to run one stage: `kernels` (a group of convolutions reading one tensor with their
+    epilogues, and the concat joining exactly their results where there is one) replaced by the group
+    merged, which takes `merged_ms`; `group` numbers the group among the model's
+    (`merge.convolution_groups`)."""
+
+    group: int
+    kernels: frozenset[int]
+    merged_ms: float
 
 
 @register_scheduler("dp")
@@ -75,6 +91,25 @@ class DynamicProgrammingScheduler(Scheduler):
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return replace(chosen, stats={**chosen.stats, **self.stats})
 
+    def merge_search(self, graph: KernelGraph, cost: CostModel, options: tuple[MergeOption, ...]
+                     ) -> list[tuple[Stage, MergeOption | None]]:
+        """IOS-Both: the stages of dp's search (by stage sums, IOS's rule; per part the better of them and
+        greedy's) in which a stage made of exactly an option's kernels runs them merged (paired with that
+        option) where its `merged_ms` beats `cost`'s latency of the stage; the blocks an option's kernels
+        span are searched as one."""
+        self.cost = cost
+        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0}
+        stages: list[tuple[Stage, MergeOption | None]] = []
+        for block in blocks(graph, [option.kernels for option in options]):
+            for part in self.parts(graph, block):
+                guide = None if isinstance(cost, AnalyticCost) else _BlockSearch(
+                    graph, part, AnalyticCost(graph), self)
+                searched = _BlockSearch(graph, part, cost, self, guide, options).run()
+                greedy = [(stage, None) for stage in GreedyScheduler(self.max_streams).stages(graph, part)]
+                stages += min((searched, greedy), key=lambda option: merged_latency(option, cost))
+                self.stats["blocks"] += 1
+        return stages
+
     def part_latency(self, graph: KernelGraph, kernels: list[int], cost: CostModel) -> float:
         """The stage sum of the better of dp's searched stages and greedy's for `kernels` alone (ids in order,
         closed under their producers in `graph` but for graph inputs), as for one part of a graph."""
@@ -95,7 +130,7 @@ class DynamicProgrammingScheduler(Scheduler):
         guide = None
         if not isinstance(cost, AnalyticCost):
             guide = _BlockSearch(graph, part, AnalyticCost(graph), self)
-        searched = _BlockSearch(graph, part, cost, self, guide).run()
+        searched = [stage for stage, _ in _BlockSearch(graph, part, cost, self, guide).run()]
         self.stats["blocks"] += 1
         return searched, GreedyScheduler(self.max_streams).stages(graph, part)
 
@@ -175,10 +210,12 @@ class DynamicProgrammingScheduler(Scheduler):
 
 
 class _BlockSearch:
-    """The memoized DP over one block's kernels (local bit i is kernel `block[i]`)."""
+    """The memoized DP over one block's kernels (local bit i is kernel `block[i]`), with the merge options
+    whose kernels all lie in the block."""
 
     def __init__(self, graph: KernelGraph, block: list[int], cost: CostModel,
-                 scheduler: DynamicProgrammingScheduler, guide: _BlockSearch | None = None):
+                 scheduler: DynamicProgrammingScheduler, guide: _BlockSearch | None = None,
+                 options: tuple[MergeOption, ...] = ()):
         self.block = block
         self.cost = cost
         self.scheduler = scheduler
@@ -191,16 +228,20 @@ class _BlockSearch:
                 if producer in local:
                     self.producers[index] |= 1 << local[producer]
                     self.consumers[local[producer]] |= 1 << index
+        self.options = {sum(1 << local[kernel] for kernel in option.kernels): option
+                        for option in options if option.kernels <= local.keys()}
         self.best: dict[int, tuple[float, int]] = {0: (0.0, 0)}
-        self.stage_costs: dict[int, tuple[float, tuple[tuple[int, ...], ...]] | None] = {}
+        self.stage_costs: dict[int, tuple[float, tuple[tuple[int, ...], ...], MergeOption | None] | None] = {}
 
-    def run(self) -> list[Stage]:
+    def run(self) -> list[tuple[Stage, MergeOption | None]]:
+        """The stages in order, each with the merge option it runs merged, else None."""
         remaining = (1 << len(self.block)) - 1
         self.solve(remaining)
         stages = []
         while remaining:
             ending = self.best[remaining][1]
-            stages.append(Stage(self.stage_costs[ending][1]))
+            _, groups, option = self.stage_costs[ending]
+            stages.append((Stage(groups), option))
             remaining &= ~ending
         return stages[::-1]
 
@@ -242,15 +283,26 @@ class _BlockSearch:
         return True
 
     def candidates(self, remaining: int):
-        """The ending sets to evaluate: all of them, or with a guide (an analytic search of the same
-        block) only the `measure_top` that the guide ranks best, so expensive costs are asked rarely."""
+        """The ending sets to evaluate: the merge options that are ending sets of `remaining`, and all the
+        others, or with a guide (an analytic search of the same block, without the options) only the
+        `measure_top` that the guide ranks best, so expensive costs are asked rarely."""
+        merging = [mask for mask in self.options if self.is_ending(mask, remaining)]
+        yield from merging
+        others = (ending for ending in self.ending_sets(remaining) if ending not in merging)
         if self.guide is None:
-            return self.ending_sets(remaining)
+            yield from others
+            return
         guide = self.guide
         guide.solve(remaining)
-        valid = (ending for ending in self.ending_sets(remaining) if guide.stage(ending) is not None)
-        return heapq.nsmallest(self.scheduler.measure_top, valid,
-                               key=lambda ending: guide.stage(ending)[0] + guide.best[remaining & ~ending][0])
+        valid = (ending for ending in others if guide.stage(ending) is not None)
+        yield from heapq.nsmallest(self.scheduler.measure_top, valid, key=lambda ending: (
+            guide.stage(ending)[0] + guide.best[remaining & ~ending][0]))
+
+    def is_ending(self, members: int, remaining: int) -> bool:
+        """Whether `members` lie in `remaining` and no kernel left in it consumes one of them."""
+        return members & remaining == members and not any(
+            self.consumers[index] & remaining & ~members
+            for index in range(len(self.block)) if members >> index & 1)
 
     def ending_sets(self, remaining: int):
         """Non-empty subsets of `remaining` closed under consumers within it whose groups stay within
@@ -275,16 +327,21 @@ class _BlockSearch:
 
         yield from extend(0, 0, 0)
 
-    def stage(self, ending: int) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
-        """(latency, groups) of running `ending` as one stage, or None if it breaks the pruning bounds."""
+    def stage(self, ending: int) -> tuple[float, tuple[tuple[int, ...], ...], MergeOption | None] | None:
+        """(latency, groups, merge option or None) of running `ending` as one stage: its groups concurrently,
+        or where `ending` is a merge option's kernels and merged is faster, merged; None if it breaks the
+        pruning bounds and is no option."""
         if ending not in self.stage_costs:
             groups = self.components(ending)
             scheduler = self.scheduler
-            if len(groups) > scheduler.max_groups or max(map(len, groups)) > scheduler.max_group_size:
-                self.stage_costs[ending] = None
-            else:
+            option = self.options.get(ending)
+            entry = None
+            if len(groups) <= scheduler.max_groups and max(map(len, groups)) <= scheduler.max_group_size:
                 scheduler.stats["stages_evaluated"] += 1
-                self.stage_costs[ending] = (self.cost.stage_latency(groups), groups)
+                entry = (self.cost.stage_latency(groups), groups, None)
+            if option is not None and (entry is None or option.merged_ms < entry[0]):
+                entry = (option.merged_ms, groups, option)
+            self.stage_costs[ending] = entry
         return self.stage_costs[ending]
 
     def component(self, members: int, seed: int) -> int:
@@ -318,6 +375,11 @@ def _latency(stages: list[Stage], cost: CostModel) -> float:
     return sum(cost.stage_latency(stage.groups) for stage in stages)
 
 
+def merged_latency(stages: list[tuple[Stage, MergeOption | None]], cost: CostModel) -> float:
+    """The stage sum of `merge_search`'s stages: a merged stage takes its option's `merged_ms`."""
+    return sum(option.merged_ms if option else cost.stage_latency(stage.groups) for stage, option in stages)
+
+
 def split(graph: KernelGraph, block: list[int]) -> tuple[list[int], list[int]]:
     """`block` in two, the first closed under producers: the kernels up to the depth level (longest path
     within the block) that leaves the first half nearest half the kernels, or the first half in order
@@ -333,9 +395,10 @@ def split(graph: KernelGraph, block: list[int]) -> tuple[list[int], list[int]]:
     return [k for k in block if depth[k] <= cut], [k for k in block if depth[k] > cut]
 
 
-def blocks(graph: KernelGraph) -> list[list[int]]:
+def blocks(graph: KernelGraph, joined: list[frozenset[int]] = ()) -> list[list[int]]:
     """The kernels split at cut kernels (comparable with every other kernel): each cut kernel is a block
-    of its own, and so is each run of kernels between two cuts."""
+    of its own, and so is each run of kernels between two cuts; the blocks that a set in `joined` spans are
+    one (blocks are runs of consecutive ids)."""
     count = len(graph.kernels)
     ancestors = [0] * count
     for kernel in graph.kernels:
@@ -358,4 +421,22 @@ def blocks(graph: KernelGraph) -> list[list[int]]:
             current.append(kernel)
     if current:
         result.append(current)
+    return _joined(result, joined)
+
+
+def _joined(parts: list[list[int]], joined: list[frozenset[int]]) -> list[list[int]]:
+    """`parts` (runs of consecutive ids, in order) with the runs from the first to the last that a set in
+    `joined` touches made one."""
+    index = {kernel: position for position, part in enumerate(parts) for kernel in part}
+    last = list(range(len(parts)))  # the last part each part is joined up to
+    for kernels in joined:
+        first = min(index[kernel] for kernel in kernels)
+        last[first] = max(last[first], max(index[kernel] for kernel in kernels))
+    result, end = [], -1
+    for position, part in enumerate(parts):
+        if position <= end:
+            result[-1] = result[-1] + part
+        else:
+            result.append(list(part))
+        end = max(end, last[position])
     return result

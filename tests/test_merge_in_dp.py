@@ -1,0 +1,106 @@
+"""IOS-Both inside dp (`merge_choice.chosen_in_dp`): each merge group's kernels found in the unmerged model's
+graph (`merge_kernels.group_kernels`), and `--merge auto` builds scheduled by dp merging exactly the groups
+dp's search ran merged. (The search itself against brute force: tests/test_schedule_dp.py.)"""
+
+import pytest
+from test_merge import assert_runs_as_onnxruntime, conv_kernels, fire, two_groups
+
+import tvmsched
+from tvmsched import frontend
+from tvmsched.api import model_proto
+from tvmsched.graph import extract
+from tvmsched.lower import lower
+from tvmsched.merge import convolution_groups
+from tvmsched.merge_choice import MergeChoice, groups_module
+from tvmsched.merge_kernels import group_kernels
+from tvmsched.rewrite import prepared
+from tvmsched.target import resolve_target
+
+
+def found_kernels(model, target: str, precision: str = "fp32"):
+    """The groups of `model` and, per group, the kernels `group_kernels` finds for it in the model's graph."""
+    spec = resolve_target(target)
+    layout = "nhwc" if precision == "fp16" else "nchw"
+    inputs = frontend.bind_input_shapes(model)
+    module = frontend.to_relax(model, inputs)
+    groups = convolution_groups(module)
+    members = groups_module(module, groups)
+    members_graph, _ = extract(lower(prepared(members, precision, layout, spec)),
+                               [param.name for param in members["main"].params])
+    graph, _ = extract(lower(prepared(module, precision, layout, spec)), [item.name for item in inputs])
+    return groups, group_kernels(members_graph, graph), graph
+
+
+@pytest.mark.parametrize("name, target, joined",
+                         [("squeezenet", "llvm", True), ("inception_v3", "cuda", False)])
+def test_every_group_of_a_zoo_model_is_found_with_its_members_and_concat(name, target, joined):
+    groups, found, graph = found_kernels(model_proto(name, 1), target)
+    assert all(found) and len(set().union(*found)) == sum(map(len, found))  # each group, none shared
+    for group, kernels in zip(groups, found):
+        convolutions = [kernel for kernel in kernels if "conv2d" in graph.kernels[kernel].op_kinds]
+        assert len(convolutions) == len(group)
+        sources = {ref.name for kernel in convolutions for ref in graph.kernels[kernel].inputs
+                   if ref.kind in ("input", "kernel")}
+        assert len(sources) == 1  # the members read one tensor
+        # squeezenet's fire modules: the concat joining the two expands is the group's too
+        concats = [kernel for kernel in kernels if graph.kernels[kernel].op_kinds == ("concatenate",)]
+        assert len(concats) == joined
+
+
+def test_a_fire_modules_convolutions_are_found_in_float16_channels_last():
+    groups, found, graph = found_kernels(fire(), "cuda", "fp16")
+    assert len(groups) == 1 and found[0] and conv_kernels(graph) == 2
+    assert {kernel.id for kernel in graph.kernels if "conv2d" in kernel.op_kinds} <= found[0]
+
+
+@pytest.mark.parametrize("pointwise_ms, window_ms, merged", [
+    (1e-6, 1e-6, (True, True)),  # both merged: two stages of about nothing
+    (1e-6, 3.0, (False, False)),  # the 1x1 pair alone would merge, but runs beside the 3x3 pair for free
+    (3.0, 3.0, (False, False))])
+def test_dp_merges_the_groups_its_search_runs_merged(monkeypatch, pointwise_ms, window_ms, merged):
+    """Each pair timed 2.0 ms apart and `pointwise_ms` (the 1x1 pair) or `window_ms` (the 3x3 pair) merged;
+    dp weighs those against the analytic cost of the whole unmerged model, in which the four convolutions
+    share one stage for about the cost of one."""
+    from tvmsched import api
+
+    model = two_groups()
+    groups = convolution_groups(frontend.to_relax(model, frontend.bind_input_shapes(model)))
+    pointwise = [group[0].weight.shape[2] == 1 for group in groups]
+
+    def latencies(module, *args) -> tuple[float, ...]:
+        if module["main"].script().count("R.nn.conv2d(") == 4:
+            return (2.0, 2.0)
+        return tuple(pointwise_ms if one else window_ms for one in pointwise)
+    monkeypatch.setattr(api, "alternative_ms", latencies)
+    alone = tvmsched.compile(model, target="llvm", merge="auto")  # sequential: each group's own choice
+    assert [choice.merged for choice in alone.meta.merge_choices] == [
+        (pointwise_ms if one else window_ms) < 2.0 for one in pointwise]
+    compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="dp")
+    by_group = tuple(merged[0] if one else merged[1] for one in pointwise)
+    assert tuple(choice.dp_merged for choice in compiled.meta.merge_choices) == by_group
+    assert compiled.meta.merged_convolutions == (2,) * sum(by_group)
+    assert conv_kernels(compiled.graph) == 4 - sum(by_group)
+    assert_runs_as_onnxruntime(compiled, model)
+
+
+def test_dp_weighs_the_groups_on_the_unmerged_model_timed_on_a_gpu(monkeypatch, fake_cuda, tmp_path):
+    """The GPU path on the CPU (llvm kernels, a stand-in cudart): the unmerged model is built and scheduled,
+    dp's search runs on its measured cost source, and every timer is closed."""
+    from tvmsched import api
+
+    monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
+    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    model = two_groups()
+    compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="dp")
+    assert all(choice.dp_merged is not None for choice in compiled.meta.merge_choices)
+    chosen = tuple(choice.members for choice in compiled.meta.merge_choices if choice.merged)
+    assert compiled.meta.merged_convolutions == chosen or compiled.meta.merge_check
+    assert fake_cuda.made["graph_exec"] and fake_cuda.made == fake_cuda.destroyed
+    assert_runs_as_onnxruntime(compiled, model)
+
+
+def test_choices_of_schema_1_were_the_groups_own():
+    choice = MergeChoice(2, 2.0, 1.0)
+    assert MergeChoice.from_json({"schema": 1, "members": 2, "members_ms": 2.0, "merged_ms": 1.0}) == choice
+    assert choice.merged and MergeChoice.from_json(choice.to_json()) == choice
+    assert not MergeChoice(2, 2.0, 1.0, dp_merged=False).merged
