@@ -3,7 +3,9 @@ graph (`merge_kernels.group_kernels`), and `--merge auto` builds scheduled by dp
 dp's search ran merged. (The search itself against brute force: tests/test_schedule_dp.py.)"""
 
 import pytest
-from test_merge import assert_runs_as_onnxruntime, conv_kernels, fire, two_groups
+from conftest import make_model, tensor
+from onnx import helper
+from test_merge import assert_runs_as_onnxruntime, conv, conv_kernels, fire, two_groups, weight
 
 import tvmsched
 from tvmsched import frontend
@@ -12,7 +14,7 @@ from tvmsched.graph import extract
 from tvmsched.lower import lower
 from tvmsched.merge import convolution_groups
 from tvmsched.merge_choice import MergeChoice, groups_module
-from tvmsched.merge_kernels import group_kernels
+from tvmsched.merge_kernels import Lowered, group_kernels
 from tvmsched.rewrite import prepared
 from tvmsched.target import resolve_target
 
@@ -25,10 +27,11 @@ def found_kernels(model, target: str, precision: str = "fp32"):
     module = frontend.to_relax(model, inputs)
     groups = convolution_groups(module)
     members = groups_module(module, groups)
-    members_graph, _ = extract(lower(prepared(members, precision, layout, spec)),
-                               [param.name for param in members["main"].params])
-    graph, _ = extract(lower(prepared(module, precision, layout, spec)), [item.name for item in inputs])
-    return groups, group_kernels(members_graph, graph), graph
+    lowered = Lowered(*extract(lower(prepared(members, precision, layout, spec)),
+                               [param.name for param in members["main"].params]))
+    model = Lowered(*extract(lower(prepared(module, precision, layout, spec)),
+                             [item.name for item in inputs]))
+    return groups, group_kernels(lowered, model), model.graph
 
 
 @pytest.mark.parametrize("name, target, joined",
@@ -51,6 +54,22 @@ def test_a_fire_modules_convolutions_are_found_in_float16_channels_last():
     groups, found, graph = found_kernels(fire(), "cuda", "fp16")
     assert len(groups) == 1 and found[0] and conv_kernels(graph) == 2
     assert {kernel.id for kernel in graph.kernels if "conv2d" in kernel.op_kinds} <= found[0]
+
+
+def test_groups_of_one_shape_are_told_apart_by_their_weights():
+    """Two pairs of equal 1x1 convolutions, of sigmoid(x) and of relu(x): the sigmoid's pair is the first
+    group (its convolutions come first) though relu's result is computed first."""
+    nodes = [helper.make_node("Relu", ["x"], ["p"]), helper.make_node("Sigmoid", ["x"], ["q"]),
+             conv(["q", "w1"], "a"), conv(["q", "w2"], "b"), conv(["p", "w3"], "c"), conv(["p", "w4"], "d"),
+             helper.make_node("Concat", ["a", "b", "c", "d"], ["y"], axis=1)]
+    model = make_model(nodes, [tensor("x", [1, 4, 8, 8])], [tensor("y", [1, 16, 8, 8])],
+                       {name: weight(4, 4, 1, 1) for name in ("w1", "w2", "w3", "w4")})
+    groups, found, graph = found_kernels(model, "llvm")
+    assert len(groups) == 2 and all(found)
+    for kernels, reads in zip(found, ("sigmoid", "relu")):
+        producers = {ref.producer for kernel in kernels for ref in graph.kernels[kernel].inputs
+                     if ref.kind == "kernel"}
+        assert len(producers) == 1 and reads in graph.kernels[producers.pop()].op_kinds[0]
 
 
 @pytest.mark.parametrize("pointwise_ms, window_ms, merged", [

@@ -80,11 +80,11 @@ def test_dp_equals_brute_force_on_small_dags(seed):
 
 
 def random_options(graph, seed: int, count: int = 3) -> tuple[MergeOption, ...]:
-    """`count` merge options over random sets of two to four kernels, merged in 2 to 12 us."""
+    """Up to `count` merge options over distinct random sets of two to four kernels, merged in 2 to 12 us."""
     rng = random.Random(seed)
     ids = [kernel.id for kernel in graph.kernels]
-    return tuple(MergeOption(group, frozenset(rng.sample(ids, rng.randint(2, min(4, len(ids))))),
-                             rng.uniform(0.002, 0.012)) for group in range(count))
+    sets = {frozenset(rng.sample(ids, rng.randint(2, min(4, len(ids))))) for _ in range(count)}
+    return tuple(MergeOption(group, kernels, rng.uniform(0.002, 0.012)) for group, kernels in enumerate(sets))
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -93,7 +93,8 @@ def test_merge_search_equals_brute_force_on_small_dags(seed):
     cost = AnalyticCost(graph)
     options = random_options(graph, seed)
     scheduler = create_scheduler("dp", max_streams=3, max_group_size=2, max_groups=3)
-    stages = scheduler.merge_search(graph, cost, options)
+    stages, weighed = scheduler.merge_search(graph, cost, options)
+    assert weighed == {option.group for option in options}
     assert merged_latency(stages, cost) == pytest.approx(brute_force(graph, cost, 2, 3, options), rel=1e-9)
     for stage, option in stages:
         assert option is None or set(stage.kernels) == option.kernels
@@ -111,9 +112,29 @@ def test_merge_search_merges_a_stage_only_where_merged_is_faster(merged_ms, merg
     graph = _diamond()
     option = MergeOption(0, frozenset({1, 2, 3}), merged_ms)
     for cost in (AnalyticCost(graph), CountingCost(graph)):  # the second as measured: an analytic guide
-        stages = create_scheduler("dp").merge_search(graph, cost, (option,))
+        stages, _ = create_scheduler("dp").merge_search(graph, cost, (option,))
         assert [option_ for _, option_ in stages if option_] == [option] * merges
         assert sorted(kernel for stage, _ in stages for kernel in stage.kernels) == [0, 1, 2, 3]
+
+
+def test_merge_search_reports_its_progress():
+    graph = random_graph(num_kernels=30, seed=9)
+    cost = AnalyticCost(graph)
+    reports = []
+    stages, _ = create_scheduler("dp", search_progress=reports.append).merge_search(
+        graph, cost, random_options(graph, 9))
+    assert reports[-1]["modeled_ms"] == pytest.approx(merged_latency(stages, cost))
+
+
+def test_an_option_that_a_split_block_cuts_in_two_is_not_weighed():
+    # two chains of six side by side: 49 sets to search, more than max_states, so the block is split
+    graph = graph_of([(), (0,), (1,), (2,), (3,), (4,), (), (6,), (7,), (8,), (9,), (10,), (5, 11)])
+    across, within = MergeOption(0, frozenset({0, 11}), 1e-9), MergeOption(1, frozenset({0, 6}), 1e-9)
+    _, weighed = create_scheduler("dp").merge_search(graph, AnalyticCost(graph), (across, within))
+    assert weighed == {0, 1}
+    stages, weighed = create_scheduler("dp", max_states=8).merge_search(graph, AnalyticCost(graph),
+                                                                        (across, within))
+    assert weighed == {1} and [option for _, option in stages if option] == [within]
 
 
 def test_blocks_that_a_merge_option_spans_are_one():

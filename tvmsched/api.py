@@ -30,6 +30,7 @@ from tvmsched.load_plan import LoadPlan, plan_load, time_reloads
 from tvmsched.lower import LoweredModule, kernel_module, lower
 from tvmsched.merge import Merged
 from tvmsched.merge_choice import MergeChoice, choose_merges, chosen_in_dp
+from tvmsched.merge_kernels import Lowered
 from tvmsched.pinned import pin_mapping
 from tvmsched.plan import ExecutionPlan, make_plan
 from tvmsched.precision import PRECISIONS
@@ -231,10 +232,11 @@ def _chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], plain:
     GPU's measurements by default), or without a GPU (no `plain`) the analytic cost of its graph."""
     scheduler = create_scheduler("dp", **options)
     if plain is None:
-        graph, _ = extract(lower(in_build(module)), input_names)
-        return chosen_in_dp(module, choices, graph, AnalyticCost(graph), scheduler, in_build)
+        model = Lowered(*extract(lower(in_build(module)), input_names))
+        return chosen_in_dp(module, choices, model, AnalyticCost(model.graph), scheduler, in_build)
     with plain.cost_model(cost, options["max_streams"]) as cost_model:
-        return chosen_in_dp(module, choices, plain.graph, cost_model, scheduler, in_build)
+        return chosen_in_dp(module, choices, Lowered(plain.graph, plain.constants), cost_model, scheduler,
+                            in_build)
 
 
 def _ready(model: CompiledModel) -> CompiledModel:

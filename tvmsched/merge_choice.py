@@ -27,10 +27,10 @@ from tvm import relax
 
 from tvmsched.cost import CostModel
 from tvmsched.epilogues import Bindings, renamed
-from tvmsched.graph import KernelGraph, extract
+from tvmsched.graph import extract
 from tvmsched.lower import is_op, lower
 from tvmsched.merge import Convolution, convolution_groups, merge_convolutions
-from tvmsched.merge_kernels import group_kernels
+from tvmsched.merge_kernels import Lowered, group_kernels
 from tvmsched.schedule.dp import DynamicProgrammingScheduler, MergeOption
 
 SCHEMA = 2  # 2: dp_merged (a choice of schema 1 was the group's own)
@@ -73,22 +73,24 @@ def choose_merges(module: tvm.IRModule, latencies: Callable[[tvm.IRModule], tupl
                  for group, alone, together in zip(groups, latencies(members), latencies(merged)))
 
 
-def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], graph: KernelGraph, cost: CostModel,
+def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], model: Lowered, cost: CostModel,
                  scheduler: DynamicProgrammingScheduler, prepared: Callable[[tvm.IRModule], tvm.IRModule]
                  ) -> tuple[MergeChoice, ...]:
-    """`choices` (of `choose_merges(module)`) with `dp_merged` set for each group whose kernels
-    `group_kernels` finds in `graph` (the kernel graph of `module` unmerged, rewritten by `prepared` and
-    lowered): whether `scheduler`'s IOS-Both search of `graph` with `cost` ran a stage of them merged."""
+    """`choices` (of `choose_merges(module)`) with `dp_merged` set for each group that `scheduler`'s IOS-Both
+    search of `model` (`module` unmerged, rewritten by `prepared` and lowered) with `cost` weighed: whether
+    it ran a stage of the group's kernels (`group_kernels`) merged. A group whose kernels were not found,
+    or fell in two parts of a block too large to search whole, keeps its own choice."""
     members = groups_module(module, convolution_groups(module))
-    members_graph, _ = extract(lower(prepared(members)), [param.name for param in members["main"].params])
-    found = group_kernels(members_graph, graph)
+    lowered = Lowered(*extract(lower(prepared(members)), [param.name for param in members["main"].params]))
+    found = group_kernels(lowered, model)
     options = tuple(MergeOption(index, kernels, choice.merged_ms)
                     for index, (kernels, choice) in enumerate(zip(found, choices)) if kernels)
     if not options:
         return choices
-    merged = {option.group for _, option in scheduler.merge_search(graph, cost, options) if option}
-    return tuple(choice if kernels is None else replace(choice, dp_merged=index in merged)
-                 for index, (kernels, choice) in enumerate(zip(found, choices)))
+    stages, weighed = scheduler.merge_search(model.graph, cost, options)
+    merged = {option.group for _, option in stages if option}
+    return tuple(replace(choice, dp_merged=index in merged) if index in weighed else choice
+                 for index, choice in enumerate(choices))
 
 
 def merge_chosen(module: tvm.IRModule, choices: tuple[MergeChoice, ...]

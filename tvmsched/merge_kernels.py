@@ -6,39 +6,52 @@ Kernels keep no trace of the Relax bindings they came from, so a group's kernels
 is, the kernels that depend on group g's parameter (its members with their epilogues, and the concat that
 joins exactly them) form a small graph. It is matched in the model's graph: a tensor of the parameter's
 shape and dtype, then kernel by kernel in order one of the same workload reading the matched tensors in
-the same places (and a constant where it reads one), backtracking over equal candidates. The model may
+the same places (and a constant of the same value where it reads one: groups of one shape are told apart
+by their weights), backtracking over equal candidates. The model may
 fuse a member's last steps with what follows (inception_v3's relus join the concat of all its branches):
 a kernel after the members that matches nowhere is left out, with what depends on it. Groups are matched
 in order, each to the first place that no earlier group took; a group whose members match nowhere is left
 out. Where one kernel alone reads a group's parameter (its layout transform to NHWC, which the model does
-not repeat between NHWC kernels), the group's tensor is that kernel's result.
+not repeat between NHWC kernels), the group's tensor is that kernel's result. In float16 a member whose
+result the groups module returns ends with a cast back to float32 that the model's kernel has not, so
+such a group is not found (googlenet's and inception_v3's in float16 NHWC).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
 
 from tvmsched.graph import Kernel, KernelGraph, TensorRef
 
-CONSTANT_KINDS = ("constant", "param")
+
+@dataclass(frozen=True)
+class Lowered:
+    """A kernel graph and the values of its constants by name (`graph.extract`)."""
+
+    graph: KernelGraph
+    constants: dict[str, np.ndarray]
 
 
-def group_kernels(groups: KernelGraph, graph: KernelGraph) -> list[frozenset[int] | None]:
-    """Per input of `groups` (the kernel graph of a lowered `groups_module`, one input per group, in order),
-    the ids of the kernels of `graph` that compute that group, or None where none match."""
+def group_kernels(groups: Lowered, model: Lowered) -> list[frozenset[int] | None]:
+    """Per input of `groups` (a lowered `groups_module`, one input per group, in order), the ids of the
+    kernels of `model` that compute that group, or None where none match."""
+    graph = model.graph
     readers: dict[str, list[int]] = defaultdict(list)
     for kernel in graph.kernels:
-        for name in dict.fromkeys(ref.name for ref in kernel.inputs if ref.kind not in CONSTANT_KINDS):
+        for name in dict.fromkeys(ref.name for ref in kernel.inputs if ref.kind != "constant"):
             readers[name].append(kernel.id)
     tensors = list(graph.inputs) + [ref for kernel in graph.kernels for ref in kernel.outputs]
     taken: set[int] = set()
     found: list[frozenset[int] | None] = []
-    for parameter in groups.inputs:
-        source = _read_tensor(groups, parameter)
-        own = _depending(groups, source)
+    for parameter in groups.graph.inputs:
+        source = _read_tensor(groups.graph, parameter)
+        search = _Search(_depending(groups.graph, source), source.name, groups, model, readers)
         match = next((kernels for root in tensors if (root.shape, root.dtype) == (source.shape, source.dtype)
-                      for kernels in [_match(own, {source.name: root}, graph, readers, taken, source.name)]
-                      if kernels is not None), None)
+                      for kernels in [search.match(0, {source.name: root}, taken)] if kernels is not None),
+                     None)
         found.append(match)
         taken |= match or set()
     return found
@@ -64,37 +77,43 @@ def _depending(graph: KernelGraph, source: TensorRef) -> list[Kernel]:
     return kernels
 
 
-def _match(own: list[Kernel], tensors: dict[str, TensorRef], graph: KernelGraph,
-           readers: dict[str, list[int]], taken: set[int], source: str) -> frozenset[int] | None:
-    """Kernels of `graph` (none in `taken`) that compute `own` in order, `tensors` mapping the names of
-    `own`'s graph to the tensors of `graph` matched so far: every kernel that reads `source` (a member)
-    and each later one that matches somewhere; None where a member matches nowhere."""
-    if not own:
-        return frozenset()
-    kernel, rest = own[0], own[1:]
-    first = next((ref for ref in kernel.inputs if ref.name in tensors), None)
-    for candidate in readers.get(tensors[first.name].name, ()) if first else ():
-        other = graph.kernels[candidate]
-        if candidate in taken or not _same(kernel, other, tensors):
-            continue
-        mapped = {**tensors, **{mine.name: theirs for mine, theirs in zip(kernel.outputs, other.outputs)}}
-        matched = _match(rest, mapped, graph, readers, taken | {candidate}, source)
-        if matched is not None:
-            return matched | {candidate}
-    if any(ref.name == source for ref in kernel.inputs):
-        return None
-    return _match(rest, tensors, graph, readers, taken, source)
+class _Search:
+    """Matching one group's kernels (`own`, in order, depending on tensor `source` of `groups`) in `model`."""
 
+    def __init__(self, own: list[Kernel], source: str, groups: Lowered, model: Lowered,
+                 readers: dict[str, list[int]]):
+        self.own, self.source, self.groups, self.model, self.readers = own, source, groups, model, readers
 
-def _same(kernel: Kernel, other: Kernel, tensors: dict[str, TensorRef]) -> bool:
-    """Whether `other` computes what `kernel` does on the tensors matched to its inputs."""
-    if (kernel.workload, len(kernel.inputs), len(kernel.outputs)) != (
-            other.workload, len(other.inputs), len(other.outputs)):
-        return False
-    for mine, theirs in zip(kernel.inputs, other.inputs):
-        if mine.name in tensors:
-            if tensors[mine.name].name != theirs.name:
-                return False
-        elif mine.shape != theirs.shape or {mine.kind, theirs.kind} - set(CONSTANT_KINDS):
+    def match(self, index: int, tensors: dict[str, TensorRef], taken: set[int]) -> frozenset[int] | None:
+        """Kernels of the model (none in `taken`) that compute `own[index:]` in order, `tensors` mapping the
+        names of the group's graph to the model's tensors matched so far: every kernel that reads `source`
+        (a member) and each later one that matches somewhere; None where a member matches nowhere."""
+        if index == len(self.own):
+            return frozenset()
+        kernel = self.own[index]
+        first = next((ref for ref in kernel.inputs if ref.name in tensors), None)
+        for candidate in self.readers.get(tensors[first.name].name, ()) if first else ():
+            other = self.model.graph.kernels[candidate]
+            if candidate in taken or not self.same(kernel, other, tensors):
+                continue
+            mapped = {**tensors, **{mine.name: theirs for mine, theirs in zip(kernel.outputs, other.outputs)}}
+            matched = self.match(index + 1, mapped, taken | {candidate})
+            if matched is not None:
+                return matched | {candidate}
+        if any(ref.name == self.source for ref in kernel.inputs):
+            return None
+        return self.match(index + 1, tensors, taken)
+
+    def same(self, kernel: Kernel, other: Kernel, tensors: dict[str, TensorRef]) -> bool:
+        """Whether `other` computes what `kernel` does on the tensors matched to its inputs."""
+        if (kernel.workload, len(kernel.inputs), len(kernel.outputs)) != (
+                other.workload, len(other.inputs), len(other.outputs)):
             return False
-    return True
+        for mine, theirs in zip(kernel.inputs, other.inputs):
+            if mine.name in tensors:
+                if tensors[mine.name].name != theirs.name:
+                    return False
+            elif mine.kind != "constant" or theirs.kind != "constant" or not np.array_equal(
+                    self.groups.constants[mine.name], self.model.constants[theirs.name]):
+                return False
+        return True

@@ -92,23 +92,29 @@ class DynamicProgrammingScheduler(Scheduler):
         return replace(chosen, stats={**chosen.stats, **self.stats})
 
     def merge_search(self, graph: KernelGraph, cost: CostModel, options: tuple[MergeOption, ...]
-                     ) -> list[tuple[Stage, MergeOption | None]]:
+                     ) -> tuple[list[tuple[Stage, MergeOption | None]], frozenset[int]]:
         """IOS-Both: the stages of dp's search (by stage sums, IOS's rule; per part the better of them and
         greedy's) in which a stage made of exactly an option's kernels runs them merged (paired with that
-        option) where its `merged_ms` beats `cost`'s latency of the stage; the blocks an option's kernels
-        span are searched as one."""
+        option) where its `merged_ms` beats `cost`'s latency of the stage; and the groups of the options
+        weighed. The blocks an option's kernels span are searched as one; an option whose kernels a block
+        too large to search whole (`max_states`) splits into two parts is not weighed."""
         self.cost = cost
-        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0}
+        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "measurements": 0, "modeled_ms": 0.0}
         stages: list[tuple[Stage, MergeOption | None]] = []
+        weighed: set[int] = set()
         for block in blocks(graph, [option.kernels for option in options]):
             for part in self.parts(graph, block):
                 guide = None if isinstance(cost, AnalyticCost) else _BlockSearch(
                     graph, part, AnalyticCost(graph), self)
-                searched = _BlockSearch(graph, part, cost, self, guide, options).run()
+                search = _BlockSearch(graph, part, cost, self, guide, options)
+                weighed |= {option.group for option in search.options.values()}
                 greedy = [(stage, None) for stage in GreedyScheduler(self.max_streams).stages(graph, part)]
-                stages += min((searched, greedy), key=lambda option: merged_latency(option, cost))
+                best = min((search.run(), greedy), key=lambda option: merged_latency(option, cost))
+                stages += best
                 self.stats["blocks"] += 1
-        return stages
+                self.stats["modeled_ms"] += merged_latency(best, cost)
+                self.report()
+        return stages, frozenset(weighed)
 
     def part_latency(self, graph: KernelGraph, kernels: list[int], cost: CostModel) -> float:
         """The stage sum of the better of dp's searched stages and greedy's for `kernels` alone (ids in order,
