@@ -13,31 +13,31 @@ from tvmsched.api import model_proto
 from tvmsched.graph import extract
 from tvmsched.lower import lower
 from tvmsched.merge import convolution_groups
-from tvmsched.merge_choice import MergeChoice, groups_module
+from tvmsched.merge_choice import MergeChoice, as_computed, groups_module
 from tvmsched.merge_kernels import Lowered, group_kernels
 from tvmsched.rewrite import prepared
 from tvmsched.target import resolve_target
 
 
 def found_kernels(model, target: str, precision: str = "fp32"):
-    """The groups of `model` and, per group, the kernels `group_kernels` finds for it in the model's graph."""
+    """The groups of `model`, per group the kernels `group_kernels` finds for it in the model's graph, the
+    model's graph and the lowered groups module (as `chosen_in_dp` makes them)."""
     spec = resolve_target(target)
     layout = "nhwc" if precision == "fp16" else "nchw"
     inputs = frontend.bind_input_shapes(model)
     module = frontend.to_relax(model, inputs)
     groups = convolution_groups(module)
-    members = groups_module(module, groups)
-    lowered = Lowered(*extract(lower(prepared(members, precision, layout, spec)),
-                               [param.name for param in members["main"].params]))
+    members = as_computed(prepared(groups_module(module, groups), precision, layout, spec))
+    lowered = Lowered(*extract(lower(members), [param.name for param in members["main"].params]))
     model = Lowered(*extract(lower(prepared(module, precision, layout, spec)),
                              [item.name for item in inputs]))
-    return groups, group_kernels(lowered, model), model.graph
+    return groups, group_kernels(lowered, model), model.graph, lowered.graph
 
 
 @pytest.mark.parametrize("name, target, joined",
                          [("squeezenet", "llvm", True), ("inception_v3", "cuda", False)])
 def test_every_group_of_a_zoo_model_is_found_with_its_members_and_concat(name, target, joined):
-    groups, found, graph = found_kernels(model_proto(name, 1), target)
+    groups, found, graph, _ = found_kernels(model_proto(name, 1), target)
     assert all(found) and len(set().union(*found)) == sum(map(len, found))  # each group, none shared
     for group, kernels in zip(groups, found):
         convolutions = [kernel for kernel in kernels if "conv2d" in graph.kernels[kernel].op_kinds]
@@ -50,10 +50,18 @@ def test_every_group_of_a_zoo_model_is_found_with_its_members_and_concat(name, t
         assert len(concats) == joined
 
 
-def test_a_fire_modules_convolutions_are_found_in_float16_channels_last():
-    groups, found, graph = found_kernels(fire(), "cuda", "fp16")
-    assert len(groups) == 1 and found[0] and conv_kernels(graph) == 2
-    assert {kernel.id for kernel in graph.kernels if "conv2d" in kernel.op_kinds} <= found[0]
+@pytest.mark.parametrize("model", [fire, two_groups])
+def test_in_float16_channels_last_the_groups_module_holds_the_models_kernels_alone(model):
+    """Without `as_computed`, each member's kernel would end with a cast back to float32 (another kernel than
+    the model's) and each parameter would have a transform of its own."""
+    groups, found, graph, members = found_kernels(model(), "cuda", "fp16")
+    assert all(found) and len(found) == len(groups)
+    convolutions = [kernel for kernel in members.kernels if "conv2d" in kernel.op_kinds]
+    workloads = {kernel.workload for kernel in graph.kernels}
+    assert all(kernel.workload in workloads for kernel in convolutions)
+    assert len(convolutions) == sum(map(len, groups)) and all(
+        output.dtype == "float16" for kernel in convolutions for output in kernel.outputs)
+    assert all(kernel.inputs[0].kind == "input" for kernel in convolutions)  # no transform before them
 
 
 def test_groups_of_one_shape_are_told_apart_by_their_weights():
@@ -64,7 +72,7 @@ def test_groups_of_one_shape_are_told_apart_by_their_weights():
              helper.make_node("Concat", ["a", "b", "c", "d"], ["y"], axis=1)]
     model = make_model(nodes, [tensor("x", [1, 4, 8, 8])], [tensor("y", [1, 16, 8, 8])],
                        {name: weight(4, 4, 1, 1) for name in ("w1", "w2", "w3", "w4")})
-    groups, found, graph = found_kernels(model, "llvm")
+    groups, found, graph, _ = found_kernels(model, "llvm")
     assert len(groups) == 2 and all(found)
     for kernels, reads in zip(found, ("sigmoid", "relu")):
         producers = {ref.producer for kernel in kernels for ref in graph.kernels[kernel].inputs

@@ -205,8 +205,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     choices = ()
     if merge == "auto":
         progress("choosing the convolutions to merge (each group timed merged and not)")
-        choices = choose_merges(relax_module,
-                                lambda part: alternative_ms(in_build(part), spec, logs, kernels))
+        choices = choose_merges(relax_module, in_build,
+                                lambda part: alternative_ms(part, spec, logs, kernels))
     if not choices:
         return _ready(built(rewrite(relax_module, precision, layout, merge, spec=spec)))
     gpu = _has_gpu(spec)

@@ -60,17 +60,18 @@ class MergeChoice:
         return cls(data["members"], data["members_ms"], data["merged_ms"], data.get("dp_merged"))
 
 
-def choose_merges(module: tvm.IRModule, latencies: Callable[[tvm.IRModule], tuple[float, ...]]
-                  ) -> tuple[MergeChoice, ...]:
+def choose_merges(module: tvm.IRModule, prepared: Callable[[tvm.IRModule], tvm.IRModule],
+                  latencies: Callable[[tvm.IRModule], tuple[float, ...]]) -> tuple[MergeChoice, ...]:
     """For each group of `convolution_groups(module)`, in order, the latency of its members and merged, from
-    `latencies` (per parameter of a module's `main`) of `groups_module` and of it merged."""
+    `latencies` (per parameter of a module's `main`) of `groups_module` and of it merged, each rewritten by
+    `prepared` as the model is (`as_computed`)."""
     groups = convolution_groups(module)
     if not groups:
         return ()
     members = groups_module(module, groups)
     merged, _ = merge_convolutions(members)
-    return tuple(MergeChoice(len(group), alone, together)
-                 for group, alone, together in zip(groups, latencies(members), latencies(merged)))
+    alone, together = (latencies(as_computed(prepared(part))) for part in (members, merged))
+    return tuple(MergeChoice(len(group), *times) for group, *times in zip(groups, alone, together))
 
 
 def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], model: Lowered, cost: CostModel,
@@ -80,8 +81,8 @@ def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], model: 
     search of `model` (`module` unmerged, rewritten by `prepared` and lowered) with `cost` weighed: whether
     it ran a stage of the group's kernels (`group_kernels`) merged. A group whose kernels were not found,
     or fell in two parts of a block too large to search whole, keeps its own choice."""
-    members = groups_module(module, convolution_groups(module))
-    lowered = Lowered(*extract(lower(prepared(members)), [param.name for param in members["main"].params]))
+    members = as_computed(prepared(groups_module(module, convolution_groups(module))))
+    lowered = Lowered(*extract(lower(members), [param.name for param in members["main"].params]))
     found = group_kernels(lowered, model)
     options = tuple(MergeOption(index, kernels, choice.merged_ms)
                     for index, (kernels, choice) in enumerate(zip(found, choices)) if kernels)
@@ -97,6 +98,65 @@ def merge_chosen(module: tvm.IRModule, choices: tuple[MergeChoice, ...]
                  ) -> tuple[tvm.IRModule, tuple[int, ...]]:
     """`module` with the groups merged that `choices` (of `choose_merges(module)`) merge."""
     return merge_convolutions(module, keep=lambda index: choices[index].merged)
+
+
+def as_computed(module: tvm.IRModule) -> tvm.IRModule:
+    """`module` (a `groups_module` rewritten as a model is) reading and returning each tensor as the model's
+    kernels do: without the casts to float16 and the layout changes to NHWC that the precision and layout
+    rewrites put after `main`'s parameters, nor those back to float32 and NCHW before its outputs. The model
+    has neither between its kernels; a cast before an output, fused into a member's kernel, made it another
+    kernel than the model's, and a parameter's own transform was timed with its group."""
+    main = module["main"]
+    blocks = list(main.body.blocks)
+    last = blocks[-1].bindings[-1] if blocks and blocks[-1].bindings else None
+    if len(blocks) != 1 or last is None or not last.var.same_as(main.body.body) or not isinstance(
+            last.value, relax.Tuple):
+        return module
+    bindings = Bindings(main)
+    names, dropped, params = {}, set(), []
+    for param in main.params:
+        chain = _read_as(param, bindings)
+        dropped |= {var.__chandle__() for var in chain}
+        params.append(relax.Var(param.name, chain[-1].ty) if chain else param)
+        if chain:
+            names[chain[-1].__chandle__()] = params[-1]
+    fields = [_as_computed(field, bindings) for field in last.value.fields]
+    if not names and all(field.same_as(original) for field, original in zip(fields, last.value.fields)):
+        return module
+    returned = relax.Var(last.var.name, relax.TupleType([field.ty for field in fields]))
+    kept = [relax.VarBinding(binding.var, renamed(binding.value, names))
+            for binding in blocks[0].bindings[:-1] if binding.var.__chandle__() not in dropped]
+    body = relax.SeqExpr([relax.DataflowBlock([*kept, relax.VarBinding(returned, relax.Tuple(
+        [renamed(field, names) for field in fields]))])], returned)
+    result = tvm.IRModule(dict(module.functions), attrs=module.attrs)
+    result["main"] = relax.Function(params, body, returned.ty, attrs=main.attrs)
+    return relax.transform.DeadCodeElimination()(result)
+
+
+def _layout_or_cast(value, source: str, target: str) -> bool:
+    """Whether `value` changes its operand's layout, or casts it from dtype `source` to `target`."""
+    return is_op(value, "relax.permute_dims") or is_op(value, "relax.layout_transform") or (
+        is_op(value, "relax.astype") and str(value.args[0].ty.dtype) == source
+        and str(value.attrs.dtype) == target)
+
+
+def _read_as(param: relax.Var, bindings: Bindings) -> list[relax.Var]:
+    """The variables of the layout changes and float32-to-float16 casts that alone read `param`, in turn."""
+    chain, var = [], param
+    while len(users := bindings.users.get(var.__chandle__(), [])) == 1 and _layout_or_cast(
+            users[0].value, "float32", "float16"):
+        var = users[0].var
+        chain.append(var)
+    return chain
+
+
+def _as_computed(var: relax.Expr, bindings: Bindings) -> relax.Expr:
+    """`var` before the layout changes and float16-to-float32 casts that compute it."""
+    while isinstance(var, relax.Var) and (value := bindings.values.get(var.__chandle__())) is not None:
+        if not _layout_or_cast(value, "float16", "float32"):
+            break
+        var = value.args[0]
+    return var
 
 
 def groups_module(module: tvm.IRModule, groups: list[list[Convolution]]) -> tvm.IRModule:

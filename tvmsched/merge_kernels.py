@@ -12,9 +12,8 @@ fuse a member's last steps with what follows (inception_v3's relus join the conc
 a kernel after the members that matches nowhere is left out, with what depends on it. Groups are matched
 in order, each to the first place that no earlier group took; a group whose members match nowhere is left
 out. Where one kernel alone reads a group's parameter (its layout transform to NHWC, which the model does
-not repeat between NHWC kernels), the group's tensor is that kernel's result. In float16 a member whose
-result the groups module returns ends with a cast back to float32 that the model's kernel has not, so
-such a group is not found (googlenet's and inception_v3's in float16 NHWC).
+not repeat between NHWC kernels), the group's tensor is that kernel's result (`merge_choice.as_computed`
+drops such transforms from the groups module; a module not so rewritten still matches).
 """
 
 from __future__ import annotations
