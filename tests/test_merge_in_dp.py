@@ -5,7 +5,15 @@ dp's search ran merged. (The search itself against brute force: tests/test_sched
 import pytest
 from conftest import make_model, tensor
 from onnx import helper
-from test_merge import assert_runs_as_onnxruntime, conv, conv_kernels, fire, two_groups, weight
+from test_merge import (
+    assert_runs_as_onnxruntime,
+    conv,
+    conv_kernels,
+    fire,
+    three_3x3_epilogues,
+    two_groups,
+    weight,
+)
 
 import tvmsched
 from tvmsched import frontend
@@ -62,6 +70,14 @@ def test_in_float16_channels_last_the_groups_module_holds_the_models_kernels_alo
     assert len(convolutions) == sum(map(len, groups)) and all(
         output.dtype == "float16" for kernel in convolutions for output in kernel.outputs)
     assert all(kernel.inputs[0].kind == "input" for kernel in convolutions)  # no transform before them
+
+
+def test_a_group_whose_results_the_model_returns_is_found_in_float16():
+    """Where the model returns a member's result, its kernel ends with the cast back to float32 in the model
+    too: the groups module keeps that cast."""
+    groups, found, graph, _ = found_kernels(three_3x3_epilogues(), "cuda", "fp16")
+    assert len(found) == 1 and found[0]
+    assert {kernel.id for kernel in graph.kernels if "conv2d" in kernel.op_kinds} <= found[0]
 
 
 def test_groups_of_one_shape_are_told_apart_by_their_weights():

@@ -34,6 +34,7 @@ from tvmsched.merge_kernels import Lowered, group_kernels
 from tvmsched.schedule.dp import DynamicProgrammingScheduler, MergeOption
 
 SCHEMA = 2  # 2: dp_merged (a choice of schema 1 was the group's own)
+MODEL_OUTPUTS = "tvmsched_model_outputs"  # a groups module main's attribute: the results the model returns
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,10 @@ def merge_chosen(module: tvm.IRModule, choices: tuple[MergeChoice, ...]
 def as_computed(module: tvm.IRModule) -> tvm.IRModule:
     """`module` (a `groups_module` rewritten as a model is) reading and returning each tensor as the model's
     kernels do: without the casts to float16 and the layout changes to NHWC that the precision and layout
-    rewrites put after `main`'s parameters, nor those back to float32 and NCHW before its outputs. The model
-    has neither between its kernels; a cast before an output, fused into a member's kernel, made it another
-    kernel than the model's, and a parameter's own transform was timed with its group."""
+    rewrites put after `main`'s parameters, nor those back to float32 and NCHW before its outputs, but for
+    the results that the model returns too (`MODEL_OUTPUTS`). The model has neither between its kernels; a
+    cast before an output, fused into a member's kernel, made it another kernel than the model's, and a
+    parameter's own transform was timed with its group."""
     main = module["main"]
     blocks = list(main.body.blocks)
     last = blocks[-1].bindings[-1] if blocks and blocks[-1].bindings else None
@@ -113,6 +115,7 @@ def as_computed(module: tvm.IRModule) -> tvm.IRModule:
             last.value, relax.Tuple):
         return module
     bindings = Bindings(main)
+    returned_by_model = set(main.attrs.get(MODEL_OUTPUTS, []) if main.attrs else [])
     names, dropped, params = {}, set(), []
     for param in main.params:
         chain = _read_as(param, bindings)
@@ -120,7 +123,8 @@ def as_computed(module: tvm.IRModule) -> tvm.IRModule:
         params.append(relax.Var(param.name, chain[-1].ty) if chain else param)
         if chain:
             names[chain[-1].__chandle__()] = params[-1]
-    fields = [_as_computed(field, bindings) for field in last.value.fields]
+    fields = [field if index in returned_by_model else _as_computed(field, bindings)
+              for index, field in enumerate(last.value.fields)]
     if not names and all(field.same_as(original) for field, original in zip(fields, last.value.fields)):
         return module
     returned = relax.Var(last.var.name, relax.TupleType([field.ty for field in fields]))
@@ -164,22 +168,35 @@ def groups_module(module: tvm.IRModule, groups: list[list[Convolution]]) -> tvm.
     result after the element-wise epilogue that follows it in `module`, or the concat of those results
     where one concat joins exactly them."""
     bindings = Bindings(module["main"])
+    outputs = _model_outputs(module["main"], bindings)
     builder = relax.BlockBuilder()
     parameters = [relax.Var(f"group{index}", group[0].call.args[0].ty) for index, group in enumerate(groups)]
     with builder.function("main", parameters, attrs={"num_input": len(parameters)}):
         with builder.dataflow():
-            ends = [end for group, parameter in zip(groups, parameters)
-                    for end in _emit_group(builder, group, parameter, bindings)]
-            output = builder.emit_output(relax.Tuple(ends))
+            ends = [pair for group, parameter in zip(groups, parameters)
+                    for pair in _emit_group(builder, group, parameter, bindings)]
+            output = builder.emit_output(relax.Tuple([emitted for _, emitted in ends]))
         builder.emit_func_output(output)
-    return builder.get()
+    result = builder.get()
+    result["main"] = result["main"].with_attr(
+        MODEL_OUTPUTS, [index for index, (end, _) in enumerate(ends) if end.__chandle__() in outputs])
+    return result
+
+
+def _model_outputs(main: relax.Function, bindings: Bindings) -> set:
+    """The variables (by handle) whose values `main` returns, through the tuples and aliases it binds."""
+    outputs = {var.__chandle__() for var in relax.analysis.free_vars(main.body.body)}
+    for binding in reversed(bindings.bindings):
+        if binding.var.__chandle__() in outputs and isinstance(binding.value, relax.Var | relax.Tuple):
+            outputs |= {var.__chandle__() for var in relax.analysis.free_vars(binding.value)}
+    return outputs
 
 
 def _emit_group(builder: relax.BlockBuilder, group: list[Convolution], parameter: relax.Var,
-                bindings: Bindings) -> list[relax.Var]:
+                bindings: Bindings) -> list[tuple[relax.Var, relax.Var]]:
     """Emit the group's members with their epilogues (and the constants those read), and the concat that
-    joins exactly their results if there is one, reading `parameter` for the shared input; the variables
-    of what the group computes for the rest of the model."""
+    joins exactly their results if there is one, reading `parameter` for the shared input; for each result
+    the group computes for the rest of the model, its variable in the model and the one emitted."""
     kept, ends = set(), []
     for convolution in group:
         chain = [convolution.var] + [binding.var for binding in bindings.chain(convolution.var)]
@@ -194,7 +211,7 @@ def _emit_group(builder: relax.BlockBuilder, group: list[Convolution], parameter
     for binding in bindings.bindings:
         if binding.var.__chandle__() in kept:
             names[binding.var.__chandle__()] = builder.emit(renamed(binding.value, names))
-    return [names[end.__chandle__()] for end in ends]
+    return [(end, names[end.__chandle__()]) for end in ends]
 
 
 def _joining_concat(ends: list[relax.Var], bindings: Bindings):
