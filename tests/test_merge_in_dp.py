@@ -142,6 +142,22 @@ def test_dp_weighs_the_groups_on_the_unmerged_model_timed_on_a_gpu(monkeypatch, 
     assert_runs_as_onnxruntime(compiled, model)
 
 
+def test_with_analytic_costs_on_a_gpu_the_groups_are_not_timed(monkeypatch):
+    """dp's analytic stage costs and the groups' merged latencies come from one source: with cost "analytic"
+    the groups are modelled, not compiled and timed, also where a GPU is present."""
+    from tvmsched import api
+
+    model = two_groups()
+    module = frontend.to_relax(model, frontend.bind_input_shapes(model))
+    members = groups_module(module, convolution_groups(module))
+    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    monkeypatch.setattr(api, "_compiled_kernels", lambda *args: pytest.fail("compiled to be timed"))
+    spec = resolve_target("llvm")
+    modelled = api.alternative_ms(members, spec, [], "auto", "analytic")
+    monkeypatch.undo()
+    assert len(modelled) == 2 and modelled == api.alternative_ms(members, spec, [], "auto")  # no GPU
+
+
 def test_choices_of_schema_1_were_the_groups_own():
     choice = MergeChoice(2, 2.0, 1.0)
     assert MergeChoice.from_json({"schema": 1, "members": 2, "members_ms": 2.0, "merged_ms": 1.0}) == choice

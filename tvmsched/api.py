@@ -152,9 +152,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     model is, "auto" nhwc in fp16 on a GPU and nchw elsewhere (`tvmsched.layout`).
 
     `merge` "all" merges the convolutions, and the matmuls, that read the same tensor into one each
-    (`tvmsched.merge`); "auto" merges a group of convolutions only where its merged kernels, compiled and
-    scheduled as the model's, are faster than its members (timed on the GPU, else by the analytic cost;
-    `tvmsched.merge_choice`), and on the GPU keeps the merged model only where its plan benchmarks faster than
+    (`tvmsched.merge`); "auto" times each group of convolutions merged and not, its kernels compiled and
+    scheduled as the model's (on the GPU, else by the analytic cost; `tvmsched.merge_choice`), and merges
+    the groups that run faster merged, or with `schedule` "dp" those that dp's search of the unmerged model
+    runs merged (IOS-Both); on the GPU it keeps the merged model only where its plan benchmarks faster than
     the unmerged one's (`whole_model_check`, a second build); "off" merges nothing (True and False, as
     before the modes, are all and off).
 
@@ -206,7 +207,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     if merge == "auto":
         progress("choosing the convolutions to merge (each group timed merged and not)")
         choices = choose_merges(relax_module, in_build,
-                                lambda part: alternative_ms(part, spec, logs, kernels))
+                                lambda part: alternative_ms(part, spec, logs, kernels, cost))
     if not choices:
         return _ready(built(rewrite(relax_module, precision, layout, merge, spec=spec)))
     gpu = _has_gpu(spec)
@@ -292,14 +293,16 @@ def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSp
     return built, graph.with_workspace(built.workspace), used
 
 
-def alternative_ms(module: tvm.IRModule, spec: TargetSpec, logs: list, kernels: str) -> tuple[float, ...]:
+def alternative_ms(module: tvm.IRModule, spec: TargetSpec, logs: list, kernels: str, cost: str | None = None
+                   ) -> tuple[float, ...]:
     """Per parameter of a rewritten `module`'s `main` (the groups of a merge choice), dp's stage sum (ms)
     for the kernels that depend on it: its kernels compiled and chosen (`kernels`) as a model's and its
-    stages timed on the GPU; without the GPU, the analytic cost's model of its uncompiled kernels."""
+    stages timed on the GPU; without the GPU or where the build's `cost` is "analytic" (so that dp weighs
+    the groups in the units of its other stages), the analytic cost's model of its uncompiled kernels."""
     lowered = lower(module)
     names = [param.name for param in module["main"].params]
     graph, constants = extract(lowered, names)
-    if not _has_gpu(spec):
+    if not _has_gpu(spec) or cost == "analytic":
         return _part_latencies(graph, names, AnalyticCost(graph))
     built, graph, _ = _compiled_kernels(lowered, graph, spec, logs, kernels)
     meta = ModelMeta((), (), spec, tvm.__version__, kernels_hash=built.kernels_hash)
