@@ -350,9 +350,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "output size; kernels that fit one window) become one convolution: all merges "
                              "every such group (and the matmuls by constants that share an input), auto "
                              "only the groups that run faster merged, each timed merged and not on the GPU "
-                             "(the analytic cost without one), then on the GPU the model only if its plan "
-                             "runs faster than the unmerged one's (a second build), off none (default off; "
-                             "--merge alone: all)")
+                             "(the analytic cost without one); with --schedule dp, those that dp's search "
+                             "of the unmerged model runs merged (IOS-Both); then on the GPU the model only "
+                             "if its plan runs faster than the unmerged one's (a second build), off none "
+                             "(default off; --merge alone: all)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
