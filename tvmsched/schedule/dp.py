@@ -75,8 +75,7 @@ class DynamicProgrammingScheduler(Scheduler):
     def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
         start = time.perf_counter()
         self.cost = cost
-        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "measurements": 0,
-                      "blocks_timed": 0, "blocks_greedy": 0, "modeled_ms": 0.0}
+        self.stats = {**_counters(), "blocks_timed": 0, "blocks_greedy": 0}
         options, sums = [], []
         for block in blocks(graph):
             for part in self.parts(graph, block):
@@ -99,7 +98,7 @@ class DynamicProgrammingScheduler(Scheduler):
         weighed. The blocks an option's kernels span are searched as one; an option whose kernels a block
         too large to search whole (`max_states`) splits into two parts is not weighed."""
         self.cost = cost
-        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0, "measurements": 0, "modeled_ms": 0.0}
+        self.stats = _counters()
         stages: list[tuple[Stage, MergeOption | None]] = []
         weighed: set[int] = set()
         for block in blocks(graph, [option.kernels for option in options]):
@@ -120,7 +119,7 @@ class DynamicProgrammingScheduler(Scheduler):
         """The stage sum of the better of dp's searched stages and greedy's for `kernels` alone (ids in order,
         closed under their producers in `graph` but for graph inputs), as for one part of a graph."""
         self.cost = cost
-        self.stats = {"blocks": 0, "states": 0, "stages_evaluated": 0}
+        self.stats = _counters()
         return min(_latency(stages, cost) for stages in self._part_options(graph, kernels, cost))
 
     def parts(self, graph: KernelGraph, block: list[int]) -> list[list[int]]:
@@ -370,6 +369,11 @@ class _BlockSearch:
             unvisited &= ~component
             groups.append(tuple(self.block[i] for i in range(len(self.block)) if component >> i & 1))
         return tuple(sorted(groups))
+
+
+def _counters() -> dict:
+    """The search's counters, as `report` passes them to `search_progress`."""
+    return {"blocks": 0, "states": 0, "stages_evaluated": 0, "measurements": 0, "modeled_ms": 0.0}
 
 
 def _picked(options: list[tuple[list[Stage], list[Stage]]], picks: list[int]) -> list[Stage]:
