@@ -503,28 +503,30 @@ class CudaGraphExecutor(StreamsExecutor):
         return rows
 
     def _kernel_times(self, launchers: dict) -> dict[int, float]:
-        """Milliseconds of each kernel in the second replay of the plan's graph captured with `launchers`
-        and timing events, each replay after a memset of L2_FLUSH_BYTES (so no weight is in the L2 cache)."""
-        scratch = tvm.runtime.empty((L2_FLUSH_BYTES,), "uint8", self.device)
-        cudart, main = self.cudart, self.main_stream
-
-        def replay(timing, origin) -> None:
-            with self.captured(self.plan.launches, timing=timing, origin=origin,
-                               launchers=launchers) as executable:
-                for _ in range(2):  # the first replay uploads the graph
-                    check(cudart.cudaMemsetAsync(scratch.data_ptr(), 0, L2_FLUSH_BYTES, main))
-                    cuda.launch_graph(executable, main)
-                    self.synchronize()
-        return {event.kernel: event.end_ms - event.start_ms for event in self._timed(replay)}
+        """Milliseconds of each kernel in a replay of the plan's graph captured with `launchers`, after a
+        memset of L2_FLUSH_BYTES (so no weight is in the L2 cache)."""
+        events = self._replayed(launchers, flush=True)
+        return {event.kernel: event.end_ms - event.start_ms for event in events}
 
     def trace(self) -> list[TraceEvent]:
         """One replay of the plan's CUDA Graph captured with timing-event nodes around each kernel."""
         self._reloaded()
+        return self._replayed()
+
+    def _replayed(self, launchers: dict | None = None, flush: bool = False) -> list[TraceEvent]:
+        """When each kernel ran in the second replay (the first uploads the graph) of the plan's graph
+        captured with timing-event nodes and `launchers` (default the executor's), each replay after a
+        memset of L2_FLUSH_BYTES where `flush`."""
+        cudart, main = self.cudart, self.main_stream
+        scratch = tvm.runtime.empty((L2_FLUSH_BYTES,), "uint8", self.device) if flush else None
 
         def replay(timing, origin) -> None:
-            with self.captured(self.plan.launches, timing=timing, origin=origin) as executable:
-                for _ in range(2):  # the first replay uploads the graph
-                    cuda.launch_graph(executable, self.main_stream)
+            with self.captured(self.plan.launches, timing=timing, origin=origin,
+                               launchers=launchers) as executable:
+                for _ in range(2):
+                    if scratch is not None:
+                        check(cudart.cudaMemsetAsync(scratch.data_ptr(), 0, L2_FLUSH_BYTES, main))
+                    cuda.launch_graph(executable, main)
                     self.synchronize()
         return self._timed(replay)
 
