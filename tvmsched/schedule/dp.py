@@ -103,15 +103,14 @@ class DynamicProgrammingScheduler(Scheduler):
         weighed: set[int] = set()
         for block in blocks(graph, [option.kernels for option in options]):
             for part in self.parts(graph, block):
-                guide = None if isinstance(cost, AnalyticCost) else _BlockSearch(
-                    graph, part, AnalyticCost(graph), self)
-                search = _BlockSearch(graph, part, cost, self, guide, options)
+                search = self._search(graph, part, cost, options)
                 weighed |= {option.group for option in search.options.values()}
                 greedy = [(stage, None) for stage in GreedyScheduler(self.max_streams).stages(graph, part)]
-                best = min((search.run(), greedy), key=lambda option: merged_latency(option, cost))
+                latency, best = min(((merged_latency(pick, cost), pick) for pick in (search.run(), greedy)),
+                                    key=lambda pair: pair[0])
                 stages += best
                 self.stats["blocks"] += 1
-                self.stats["modeled_ms"] += merged_latency(best, cost)
+                self.stats["modeled_ms"] += latency
                 self.report()
         return stages, frozenset(weighed)
 
@@ -132,12 +131,18 @@ class DynamicProgrammingScheduler(Scheduler):
     def _part_options(self, graph: KernelGraph, part: list[int], cost: CostModel
                       ) -> tuple[list[Stage], list[Stage]]:
         """The part's searched stages and greedy's."""
+        searched = [stage for stage, _ in self._search(graph, part, cost).run()]
+        self.stats["blocks"] += 1
+        return searched, GreedyScheduler(self.max_streams).stages(graph, part)
+
+    def _search(self, graph: KernelGraph, part: list[int], cost: CostModel,
+                options: tuple[MergeOption, ...] = ()) -> _BlockSearch:
+        """The search of `part` with `cost` (and merge `options`), guided by an analytic search of the same
+        part where `cost` is another source."""
         guide = None
         if not isinstance(cost, AnalyticCost):
             guide = _BlockSearch(graph, part, AnalyticCost(graph), self)
-        searched = [stage for stage, _ in _BlockSearch(graph, part, cost, self, guide).run()]
-        self.stats["blocks"] += 1
-        return searched, GreedyScheduler(self.max_streams).stages(graph, part)
+        return _BlockSearch(graph, part, cost, self, guide, options)
 
     def _choose(self, graph: KernelGraph, options: list[tuple[list[Stage], list[Stage]]],
                 sums: list[tuple[float, float]], cost: CostModel) -> list[int]:
