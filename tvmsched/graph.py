@@ -179,11 +179,12 @@ class KernelGraph:
         """Ids of the kernels whose outputs `kernel_id` reads."""
         return {tensor.producer for tensor in self.kernels[kernel_id].inputs if tensor.kind == "kernel"}
 
-    def reading(self, input_name: str) -> list[int]:
-        """Ids, in order, of the kernels that depend on graph input `input_name`, directly or not."""
+    def reading(self, name: str) -> list[int]:
+        """Ids, in order, of the kernels that depend on tensor `name` (a graph input or a kernel's output),
+        directly or not."""
         found: set[int] = set()
         for kernel in self.kernels:
-            if any(tensor.kind == "input" and tensor.name == input_name for tensor in kernel.inputs) or (
+            if any(tensor.kind != "constant" and tensor.name == name for tensor in kernel.inputs) or (
                     self.dependencies(kernel.id) & found):
                 found.add(kernel.id)
         return sorted(found)

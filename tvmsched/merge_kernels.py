@@ -47,7 +47,8 @@ def group_kernels(groups: Lowered, model: Lowered) -> list[frozenset[int] | None
     found: list[frozenset[int] | None] = []
     for parameter in groups.graph.inputs:
         source = _read_tensor(groups.graph, parameter)
-        search = _Search(_depending(groups.graph, source), source.name, groups, model, readers)
+        own = [groups.graph.kernels[kernel] for kernel in groups.graph.reading(source.name)]
+        search = _Search(own, source.name, groups, model, readers)
         match = next((kernels for root in tensors if (root.shape, root.dtype) == (source.shape, source.dtype)
                       for kernels in [search.match(0, {source.name: root}, taken)] if kernels is not None),
                      None)
@@ -64,16 +65,6 @@ def _read_tensor(graph: KernelGraph, source: TensorRef) -> TensorRef:
         if len(readers) != 1 or len(readers[0].outputs) != 1:
             return source
         source = readers[0].outputs[0]
-
-
-def _depending(graph: KernelGraph, source: TensorRef) -> list[Kernel]:
-    """The kernels of `graph` that depend on `source`, in order."""
-    reached, kernels = {source.name}, []
-    for kernel in graph.kernels:
-        if any(ref.name in reached for ref in kernel.inputs):
-            kernels.append(kernel)
-            reached |= {ref.name for ref in kernel.outputs}
-    return kernels
 
 
 class _Search:
