@@ -87,6 +87,7 @@ def measure(case: str, args) -> dict:
     row["implementations"] = model.graph.implementations()
     if args.merge != "off":
         row["merged_convolutions"] = list(model.meta.merged_convolutions)
+        row["merged_matmuls"] = list(model.meta.merged_matmuls)
         row["merge_choices"] = [choice.to_json() for choice in model.meta.merge_choices]
         row["merge_check_ms"] = model.meta.merge_check and dict(zip(("merged", "unmerged"),
                                                                    model.meta.merge_check))

@@ -46,3 +46,24 @@ def test_merge_auto_times_each_group_on_the_gpu():
     inputs = random_inputs(proto)
     [expected] = onnxruntime_outputs(proto, inputs)
     assert relative_error(model.reschedule("dp")(inputs), expected) <= 1e-5
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("merge", ["all", "auto"])
+def test_merged_products_match_onnxruntime_on_cuda(merge, precision):
+    from test_merge import random_inputs
+    from test_merge_products import attention_and_convolutions
+
+    proto = attention_and_convolutions()
+    inputs = random_inputs(proto)
+    expected = onnxruntime_outputs(proto, inputs)
+    model = tvmsched.compile(proto, target="cuda", merge=merge, precision=precision, schedule="dp")
+    if merge == "all":
+        assert model.meta.merged_matmuls == (3,) and model.meta.merged_convolutions == (2,)
+    else:
+        assert [choice.kind for choice in model.meta.merge_choices] == ["conv2d", "matmul"]
+    tolerance = TOLERANCE if precision == "fp16" else 1e-5
+    for schedule in ("sequential", "dp"):
+        outputs = model.reschedule(schedule)(inputs)
+        assert len(outputs) == len(expected)
+        assert all(relative_error(got, want) <= tolerance for got, want in zip(outputs, expected))

@@ -152,12 +152,12 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     model is, "auto" nhwc in fp16 on a GPU and nchw elsewhere (`tvmsched.layout`).
 
     `merge` "all" merges the convolutions, and the matmuls, that read the same tensor into one each
-    (`tvmsched.merge`); "auto" times each group of convolutions merged and not, its kernels compiled and
-    scheduled as the model's (on the GPU, else by the analytic cost; `tvmsched.merge_choice`), and merges
-    the groups that run faster merged, or with `schedule` "dp" those that dp's search of the unmerged model
-    runs merged (IOS-Both); on the GPU it keeps the merged model only where its plan benchmarks faster than
-    the unmerged one's (`whole_model_check`, a second build); "off" merges nothing (True and False, as
-    before the modes, are all and off).
+    (`tvmsched.merge`); "auto" times each group of convolutions (or matmuls) merged and not, its kernels
+    compiled and scheduled as the model's (on the GPU, else by the analytic cost; `tvmsched.merge_choice`),
+    and merges the groups that run faster merged, or with `schedule` "dp" those that dp's search of the
+    unmerged model runs merged (IOS-Both); on the GPU it keeps the merged model only where its plan
+    benchmarks faster than the unmerged one's (`whole_model_check`, a second build); "off" merges nothing
+    (True and False, as before the modes, are all and off).
 
     `progress` is called with the name of each stage as it starts.
     """
@@ -205,7 +205,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         return prepared(part, precision, layout, spec)
     choices = ()
     if merge == "auto":
-        progress("choosing the convolutions to merge (each group timed merged and not)")
+        progress("choosing the groups to merge (each timed merged and not)")
         choices = choose_merges(relax_module, in_build,
                                 lambda part: alternative_ms(part, spec, logs, kernels, cost))
     if not choices:
@@ -219,7 +219,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     merged = rewrite(relax_module, precision, layout, merge, choices, spec)
     if plain is not None:
         plain = plain.with_meta(replace(plain.meta, merge_choices=choices))
-        if not merged.convolutions:
+        if not (merged.convolutions or merged.matmuls):
             return _ready(plain)
         progress("checking the merged model against the unmerged one (each built, scheduled and timed)")
         return _ready(whole_model_check(built(merged), plain))

@@ -347,13 +347,13 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "(a Reshape's shape, a ReduceSum's axes, ...)")
     parser.add_argument("--merge", choices=MERGES, nargs="?", const="all", default=None,
                         help="IOS-Merge: convolutions that read the same tensor (same strides, dilation, "
-                             "output size; kernels that fit one window) become one convolution: all merges "
-                             "every such group (and the matmuls by constants that share an input), auto "
-                             "only the groups that run faster merged, each timed merged and not on the GPU "
-                             "(the analytic cost without one); with --schedule dp, those that dp's search "
-                             "of the unmerged model runs merged (IOS-Both); then on the GPU the model only "
-                             "if its plan runs faster than the unmerged one's (a second build), off none "
-                             "(default off; --merge alone: all)")
+                             "output size; kernels that fit one window) become one convolution, and matmuls "
+                             "by constants that share an input one matmul: all merges every such group, "
+                             "auto only the groups that run faster merged, each timed merged and not on the "
+                             "GPU (the analytic cost without one); with --schedule dp, those that dp's "
+                             "search of the unmerged model runs merged (IOS-Both); then on the GPU the "
+                             "model only if its plan runs faster than the unmerged one's (a second build), "
+                             "off none (default off; --merge alone: all)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -453,8 +453,9 @@ def _compiled(args):
     if model.meta.merge != "off":
         convolutions, matmuls = model.meta.merged_convolutions, model.meta.merged_matmuls
         for choice in model.meta.merge_choices:
-            console.print(f"  {choice.members} convolutions of one tensor: {choice.members_ms:.4f} ms, "
-                          f"merged {choice.merged_ms:.4f} ms: {'merged' if choice.merged else 'kept apart'}"
+            kind = "convolutions" if choice.kind == "conv2d" else "matmuls"
+            console.print(f"  {choice.members} {kind} of one tensor: {choice.members_ms:.4f} ms, merged "
+                          f"{choice.merged_ms:.4f} ms: {'merged' if choice.merged else 'kept apart'}"
                           + (" (dp's search of the whole model)" if choice.dp_merged is not None else ""))
         if model.meta.merge_check:
             merged_ms, plain_ms = model.meta.merge_check

@@ -17,6 +17,10 @@ EPILOGUE_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "rela
                           "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
                           "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.nn.batch_norm"})
 
+# Ops that only move a tensor's elements, fused into one kernel with the slice or copy before them.
+MOVE_OPS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
+                      "relax.flatten"})
+
 
 class Bindings:
     """The bindings of a function's body in order, who uses each variable (live users only: a batch norm's
@@ -47,6 +51,21 @@ class Bindings:
             chain.append(following)
             var = following.var
         return chain
+
+    def moves(self, var: relax.Var) -> list:
+        """The bindings after `var` that only move its elements (`MOVE_OPS`: BERT's reshape and transpose of
+        a projection into heads), in order, each the one live user of the one before. A slice of a merged
+        result fuses with them in the model; timed with them, a group's slices are not counted as copies."""
+        moves = []
+        while len(following := self.users.get(var.__chandle__(), [])) == 1 and self._moves(following[0], var):
+            moves.append(following[0])
+            var = following[0].var
+        return moves
+
+    @staticmethod
+    def _moves(binding, var: relax.Var) -> bool:
+        value = binding.value
+        return any(is_op(value, name) for name in MOVE_OPS) and value.args[0].same_as(var)
 
     def _step(self, var: relax.Var):
         following = self.users.get(var.__chandle__(), [])

@@ -17,14 +17,11 @@ finite inputs (an infinite input under a zero tap gives NaN).
 A convolution whose weights are constant depends on its data alone, so convolutions reading the same tensor
 never depend on one another: the merged one is placed where the first of them was.
 
-Matrix products of one left operand by constant right operands are merged by Relax's
-`CombineParallelMatmul` (with their bias and activation where every branch has the same); it matches
-right operands and biases bound to variables only, so constant ones are bound first.
+Matrix products of one left operand by constant right operands are merged too (`tvmsched.merge_products`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,7 +31,7 @@ import tvm_ffi
 from tvm import relax
 
 from tvmsched.epilogues import Bindings
-from tvmsched.lower import is_op, with_main_mutated
+from tvmsched.lower import is_op
 
 
 @dataclass(frozen=True)
@@ -48,12 +45,26 @@ class Merged:
 
 
 @dataclass(frozen=True)
-class Convolution:
-    """One mergeable `conv2d` binding: its variable, call and weights (OIHW)."""
+class Member:
+    """One binding that merges with others of its `key` (`merge_groups`): its variable, its call and the
+    constant weights it applies, whose `channels` it contributes to the merged result."""
 
     var: relax.Var
     call: relax.Call
     weight: np.ndarray
+
+    @property
+    def key(self) -> tuple:
+        raise NotImplementedError
+
+    @property
+    def channels(self) -> int:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Convolution(Member):
+    """A mergeable `conv2d`, its weights OIHW."""
 
     @property
     def key(self) -> tuple:
@@ -62,6 +73,10 @@ class Convolution:
         batch, _, *spatial = (int(dim) for dim in self.call.ty.shape.values)
         return (self.call.args[0].__chandle__(), tuple(int(step) for step in attrs.strides), self.dilation,
                 str(attrs.out_dtype), str(self.weight.dtype), batch, *spatial)
+
+    @property
+    def channels(self) -> int:
+        return self.weight.shape[0]
 
     @property
     def dilation(self) -> tuple[int, int]:
@@ -109,13 +124,6 @@ class _Window:
         return (self.before - pad_before) // dilation
 
 
-def merge_parallel(module: tvm.IRModule) -> Merged:
-    """`module` with the convolutions and the matrix products of `main` that read one tensor merged."""
-    module, convolutions = merge_convolutions(module)
-    module, matmuls = merge_matmuls(module)
-    return Merged(module, convolutions, matmuls)
-
-
 def convolution_groups(module: tvm.IRModule) -> list[list[Convolution]]:
     """The groups of convolutions of `main` that `merge_convolutions` would merge, in its order."""
     values = Bindings(module["main"]).values
@@ -126,14 +134,24 @@ def merge_convolutions(module: tvm.IRModule, keep: Callable[[int], bool] = lambd
                        ) -> tuple[tvm.IRModule, tuple[int, ...]]:
     """`module` with the convolutions of `main` that read one tensor merged, those of the groups whose index
     (in `convolution_groups`' order) `keep` accepts, and the size of each group merged."""
+    return merge_groups(module, _block_groups, _merged_convolution, keep)
+
+
+def merge_groups(module: tvm.IRModule, groups_of_block: Callable, merged_call: Callable,
+                 keep: Callable[[int], bool]) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """`module` with the groups of `main` merged that `groups_of_block(block, values)` finds (members with a
+    `var`, a `call` and `channels`; `values`: what each variable of `main` is bound to, by object) and whose
+    index in block order `keep` accepts: each group's `merged_call(group)` (the merged call and how far
+    from the right its channel axis is) with the epilogue steps its members share, then a slice per
+    member; and the size of each group merged."""
     main = module["main"]
     found = Bindings(main)
     replacements, slices, sizes, index = {}, {}, [], 0
     for block in main.body.blocks:
         var_type = relax.DataflowVar if isinstance(block, relax.DataflowBlock) else relax.Var
-        for group in _block_groups(block, found.values):
+        for group in groups_of_block(block, found.values):
             if keep(index):
-                replaced, sliced = _merged_bindings(group, var_type, found)
+                replaced, sliced = _merged_bindings(group, *merged_call(group), var_type, found)
                 replacements.update(replaced)
                 slices.update(sliced)
                 sizes.append(len(group))
@@ -167,82 +185,40 @@ def _replaced(bindings, replacements: dict) -> list:
 
 def _joined(bindings: list, slices: dict) -> list:
     """`bindings` with each channel concat of slices that cover one merged tensor in order (`slices`:
-    variable → (merged variable, first channel, end channel)) bound to that tensor itself: a squeezenet
-    fire module's concat of its two expands is the merged convolution's result."""
+    variable → (merged variable, channel axis, first channel, end channel)) bound to that tensor itself: a
+    squeezenet fire module's concat of its two expands is the merged convolution's result."""
     result = []
     for binding in bindings:
         value = binding.value
         if is_op(value, "relax.concat") and isinstance(value.args[0], relax.Tuple):
             parts = [slices.get(field.__chandle__()) if isinstance(field, relax.Var) else None
                      for field in value.args[0].fields]
-            source = parts[0][0] if parts[0] else None
+            source, axis = parts[0][:2] if parts[0] else (None, None)
             rank = len(value.ty.shape.values)
-            if (source is not None and int(value.attrs.axis) % rank == 1 and all(parts)
+            if (source is not None and int(value.attrs.axis) % rank == axis and all(parts)
                     and all(part[0].same_as(source) for part in parts)
-                    and [part[1] for part in parts] == [0] + [part[2] for part in parts[:-1]]
-                    and parts[-1][2] == int(source.ty.shape.values[1])):
+                    and [part[2] for part in parts] == [0] + [part[3] for part in parts[:-1]]
+                    and parts[-1][3] == int(source.ty.shape.values[axis])):
                 binding = relax.VarBinding(binding.var, source)
         result.append(binding)
     return result
 
 
-def merge_matmuls(module: tvm.IRModule) -> tuple[tvm.IRModule, tuple[int, ...]]:
-    """`module` with the matrix products of `main` by constants that share a left operand merged by
-    `CombineParallelMatmul`, and the size of each group; `module` itself where none was."""
-    bound = with_main_mutated(module, _BindWeights(module))
-    combined = relax.transform.CombineParallelMatmul(_constant_operands)(bound)
-    groups = Counter(_combined_matmuls(combined["main"])) - Counter(_combined_matmuls(bound["main"]))
-    return (combined, tuple(sorted(groups.elements()))) if groups else (module, ())
-
-
-def _constant_operands(left, rights, biases, bindings) -> bool:
-    """CombineParallelMatmul's filter: merge only products whose right operands and biases are constants
-    (merging products by activations would concatenate them at run time)."""
-    return all(isinstance(bindings.get(var), tvm.ir.Constant) for var in [*rights, *biases])
-
-
-def _combined_matmuls(main: relax.Function) -> list[int]:
-    """For each matrix product of `main` by a concatenation of constants, how many constants it joins."""
-    values = Bindings(main).values
-    sizes = []
-    for value in values.values():
-        if is_op(value, "relax.matmul") and isinstance(value.args[1], relax.Var):
-            right = values.get(value.args[1].__chandle__())
-            if is_op(right, "relax.concat") and all(isinstance(field, tvm.ir.Constant)
-                                                     for field in right.args[0].fields):
-                sizes.append(len(right.args[0].fields))
-    return sizes
-
-
-@relax.expr_functor.mutator
-class _BindWeights(relax.PyExprMutator):
-    """Binds to variables the constant right operands of matrix products and the constant biases added to
-    their results (CombineParallelMatmul matches only those), folding a transposed constant weight (a
-    Gemm's `permute_dims`) into a constant first."""
-
-    def visit_call_(self, op: relax.Call):
-        call = super().visit_call_(op)
-        if is_op(call, "relax.permute_dims") and isinstance(call.args[0], tvm.ir.Constant):
-            axes = None if call.attrs.axes is None else [int(axis) for axis in call.attrs.axes]
-            return relax.const(np.transpose(call.args[0].value.numpy(), axes))
-        first = call.args[0] if is_op(call, "relax.add") else None
-        if is_op(call, "relax.matmul") or (isinstance(first, relax.Var)
-                                             and is_op(self.lookup_binding(first), "relax.matmul")):
-            left, right = call.args
-            if isinstance(right, tvm.ir.Constant):
-                return relax.Call(call.op, [left, self.builder_.emit(right)], call.attrs)
-        return call
+def keyed(block, values: dict, mergeable: Callable) -> list[list[Member]]:
+    """The members of `block` (each binding that `mergeable(binding, values)` makes one; `values`: what each
+    variable of `main` is bound to, by object) by key, in program order."""
+    by_key: dict = {}
+    for binding in block.bindings:
+        member = mergeable(binding, values)
+        if member is not None:
+            by_key.setdefault(member.key, []).append(member)
+    return list(by_key.values())
 
 
 def _block_groups(block, values: dict) -> list[list[Convolution]]:
-    """The groups of mergeable convolutions of `block` (`values`: what each variable of `main` is bound to,
-    by object), each of two or more."""
-    by_key = {}
-    for binding in block.bindings:
-        convolution = _mergeable(binding, values)
-        if convolution is not None:
-            by_key.setdefault(convolution.key, []).append(convolution)
-    return [group for candidates in by_key.values() for group in _compatible_groups(candidates)]
+    """The groups of mergeable convolutions of `block`, each of two or more."""
+    return [group for candidates in keyed(block, values, _mergeable)
+            for group in _compatible_groups(candidates)]
 
 
 def _mergeable(binding, values: dict) -> Convolution | None:
@@ -282,29 +258,36 @@ def _windows(group: list[Convolution]) -> tuple[_Window, _Window] | None:
     return windows
 
 
-def _merged_bindings(group: list[Convolution], var_type: type, bindings: Bindings) -> tuple[dict, dict]:
+def _merged_convolution(group: list[Convolution]) -> tuple[relax.Call, int]:
+    """The convolution of a group's data by its members' weights (padded to one window) concatenated along
+    the output channels, and how far its channel axis is from the right (NCHW: 3)."""
+    height, width = windows = _windows(group)
+    attrs = group[0].call.attrs
+    weights = np.concatenate([conv.padded_weight(windows) for conv in group])
+    return relax.op.nn.conv2d(group[0].call.args[0], relax.const(weights), attrs.strides,
+                              (height.before, width.before, height.after, width.after), attrs.dilation,
+                              out_dtype=attrs.out_dtype), 3
+
+
+def _merged_bindings(group: list, call: relax.Call, from_right: int, var_type: type, bindings: Bindings
+                     ) -> tuple[dict, dict]:
     """For each member's variable (by object) the bindings that replace its own, and the slices made.
 
-    The first member's convolution becomes the merged convolution followed by the steps of the members'
-    epilogues that every member shares (the same op and attributes, constants per output channel or
-    equal), merged over the concatenated channels; each member's variable after those steps becomes its
-    channel slice of the merged result, and its bindings before them are dropped (an empty list).
-    `slices` maps each slice's variable to (merged variable, first channel, end channel)."""
-    windows = _windows(group)
-    height, width = windows
-    attrs = group[0].call.attrs
+    The first member's call becomes `call` (the group merged, its channel axis `from_right` axes from the
+    right) followed by the steps of the members' epilogues that every member shares (the same op and
+    attributes, constants per output channel or equal), merged over the concatenated channels; each
+    member's variable after those steps becomes its channel slice of the merged result, and its bindings
+    before them are dropped (an empty list). `slices` maps each slice's variable to (merged variable,
+    channel axis, first channel, end channel)."""
     builder = relax.BlockBuilder()
-    call = builder.normalize(relax.op.nn.conv2d(
-        group[0].call.args[0], relax.const(np.concatenate([conv.padded_weight(windows) for conv in group])),
-        attrs.strides, (height.before, width.before, height.after, width.after), attrs.dilation,
-        out_dtype=attrs.out_dtype))
-    end = var_type("merged_conv2d", call.ty)
+    call = builder.normalize(call)
+    end = var_type(f"merged_{call.op.name.split('.')[-1]}", call.ty)
     merged = [relax.VarBinding(end, call)]
-    chains = [[conv.var] + [binding.var for binding in bindings.chain(conv.var)] for conv in group]
-    channels = [conv.weight.shape[0] for conv in group]
+    chains = [[member.var] + [binding.var for binding in bindings.chain(member.var)] for member in group]
+    channels = [member.channels for member in group]
     for depth in range(min(map(len, chains)) - 1):
         value = _merged_step([bindings.values[chain[depth + 1].__chandle__()] for chain in chains],
-                             [chain[depth] for chain in chains], end, channels, bindings)
+                             [chain[depth] for chain in chains], end, channels, from_right, bindings)
         if value is None:
             break
         value = builder.normalize(value)
@@ -313,12 +296,14 @@ def _merged_bindings(group: list[Convolution], var_type: type, bindings: Binding
     while _rank(merged[-1].var) is None:  # a batch norm's tuple whose first field was not merged
         merged.pop()
     end, depth = merged[-1].var, len(merged) - 1
+    axis = _rank(end) - from_right
     replacements, slices, start = {}, {}, 0
     for chain, count in zip(chains, channels):
         replacements.update({var.__chandle__(): [] for var in chain[:depth]})
-        sliced = builder.normalize(relax.op.strided_slice(end, axes=[1], begin=[start], end=[start + count]))
+        sliced = builder.normalize(relax.op.strided_slice(end, axes=[axis], begin=[start],
+                                                          end=[start + count]))
         replacements[chain[depth].__chandle__()] = [relax.VarBinding(chain[depth], sliced)]
-        slices[chain[depth].__chandle__()] = (end, start, start + count)
+        slices[chain[depth].__chandle__()] = (end, axis, start, start + count)
         start += count
     first = group[0].var.__chandle__()
     replacements[first] = merged + replacements[first]
@@ -326,7 +311,7 @@ def _merged_bindings(group: list[Convolution], var_type: type, bindings: Binding
 
 
 def _merged_step(values: list, inputs: list[relax.Var], merged: relax.Var, channels: list[int],
-                 bindings: Bindings):
+                 from_right: int, bindings: Bindings):
     """One epilogue step of every member (`values`, applied to `inputs`) as one step applied to `merged`,
     or None if the members' steps differ or a constant is neither per output channel nor the same."""
     first = values[0]
@@ -337,6 +322,9 @@ def _merged_step(values: list, inputs: list[relax.Var], merged: relax.Var, chann
                and _rank(value) in (None, _rank(member))  # a constant of more dimensions adds axes
                for value, member in zip(values, inputs)):
         return None
+    rank = _rank(inputs[0])
+    if is_op(first, "relax.nn.batch_norm") and int(first.attrs.axis) % rank != rank - from_right:
+        return None  # normalizing another axis than the channels
     args = []
     for operands in zip(*(value.args for value in values)):
         if all(operand.same_as(member) for operand, member in zip(operands, inputs)):
@@ -344,7 +332,7 @@ def _merged_step(values: list, inputs: list[relax.Var], merged: relax.Var, chann
             continue
         arrays = [bindings.array(operand) for operand in operands]
         joined = None if any(array is None for array in arrays) else _per_channel(
-            arrays, channels, vector=is_op(first, "relax.nn.batch_norm"))
+            arrays, channels, from_right, vector=is_op(first, "relax.nn.batch_norm"))
         if joined is None:
             return None
         args.append(relax.const(joined))
@@ -357,12 +345,14 @@ def _rank(expr) -> int | None:
     return None if shape is None else len(shape.values)
 
 
-def _per_channel(arrays: list[np.ndarray], channels: list[int], vector: bool) -> np.ndarray | None:
+def _per_channel(arrays: list[np.ndarray], channels: list[int], from_right: int, vector: bool
+                 ) -> np.ndarray | None:
     """The members' constants of one epilogue operand as one for the merged channels: concatenated where
-    each has its member's channels on the channel axis (of a batch norm's vectors, or counted from the
-    right of an NCHW operand) and 1 elsewhere, or the one constant they all share without channels."""
+    each has its member's channels on the channel axis (of a batch norm's vectors, or `from_right` axes
+    from the right of an operand broadcast against the result) and 1 elsewhere, or the one constant they
+    all share without channels."""
     rank = arrays[0].ndim
-    axis = 0 if vector else rank - 3
+    axis = 0 if vector else rank - from_right
     if any(array.ndim != rank or array.dtype != arrays[0].dtype for array in arrays):
         return None
     if axis >= 0 and all(array.shape[axis] == count == array.size for array, count in zip(arrays, channels)):

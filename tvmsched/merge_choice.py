@@ -1,11 +1,13 @@
-"""IOS-Both's choice (`--merge auto`): each group of convolutions reading one tensor is merged only where the
-merged convolution with its slices runs faster than the members as dp would run them, or, where dp
-schedules the build, where dp's search of the unmerged model chose a stage of it merged (`chosen_in_dp`).
+"""IOS-Both's choice (`--merge auto`): each group of convolutions (or of matrix products) reading one tensor
+is merged only where the merged kernel with its slices runs faster than the members as dp would run them,
+or, where dp schedules the build, where dp's search of the unmerged model chose a stage of it merged
+(`chosen_in_dp`).
 
-The groups (`merge.convolution_groups`) are costed together in two modules, each group reading a parameter
-of its own: one holds the members, each with the element-wise epilogue that follows it in the model
-(`tvmsched.epilogues`), and the concat that joins exactly their results where there is one; the other is
-the same module merged (`merge.merge_convolutions`). The build's `latencies` lowers, compiles and times
+The groups (`parallel_groups`: `merge.convolution_groups`, then `merge_products.matmul_groups`) are costed
+together in two modules, each group reading a parameter of its own: one holds the members, each with the
+element-wise epilogue that follows it in the model (`tvmsched.epilogues`), and the concat that joins
+exactly their results where there is one; the other is the same module merged (`merge.merge_convolutions`,
+`merge_products.merge_matmuls`). The build's `latencies` lowers, compiles and times
 each module as it does the model and returns, per parameter, dp's stage sum for the kernels that depend on
 it. The epilogues keep each member's kernel the model's kernel, so its tuning records and vendor plans
 apply; a slice that the model's concat of several branches would absorb is a copy here, which leans the
@@ -29,24 +31,27 @@ from tvmsched.cost import CostModel
 from tvmsched.epilogues import Bindings, renamed
 from tvmsched.graph import extract
 from tvmsched.lower import is_op, lower
-from tvmsched.merge import Convolution, convolution_groups, merge_convolutions
+from tvmsched.merge import Convolution, Member, convolution_groups, merge_convolutions
 from tvmsched.merge_kernels import Lowered, group_kernels
+from tvmsched.merge_products import matmul_groups, merge_matmuls
 from tvmsched.schedule.dp import DynamicProgrammingScheduler, MergeOption
 
-SCHEMA = 2  # 2: dp_merged (a choice of schema 1 was the group's own)
+SCHEMA = 3  # 2: dp_merged (a choice of schema 1 was the group's own); 3: kind (before, convolutions only)
 MODEL_OUTPUTS = "tvmsched_model_outputs"  # a groups module main's attribute: the results the model returns
 
 
 @dataclass(frozen=True)
 class MergeChoice:
-    """One group of convolutions reading one tensor: how many, the latency (ms, dp's stage sum) of its
-    members and of them merged, and what dp's search of the whole model chose (`chosen_in_dp`; None where
-    it did not weigh the group). The group is merged where dp chose so, else where merged is faster."""
+    """One group of convolutions or matrix products (`kind`: "conv2d" or "matmul") reading one tensor: how
+    many, the latency (ms, dp's stage sum) of its members and of them merged, and what dp's search of the
+    whole model chose (`chosen_in_dp`; None where it did not weigh the group). The group is merged where dp
+    chose so, else where merged is faster."""
 
     members: int
     members_ms: float
     merged_ms: float
     dp_merged: bool | None = None
+    kind: str = "conv2d"
 
     @property
     def merged(self) -> bool:
@@ -54,25 +59,37 @@ class MergeChoice:
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "members": self.members, "members_ms": self.members_ms,
-                "merged_ms": self.merged_ms, "dp_merged": self.dp_merged}
+                "merged_ms": self.merged_ms, "dp_merged": self.dp_merged, "kind": self.kind}
 
     @classmethod
     def from_json(cls, data: dict) -> MergeChoice:
-        return cls(data["members"], data["members_ms"], data["merged_ms"], data.get("dp_merged"))
+        return cls(data["members"], data["members_ms"], data["merged_ms"], data.get("dp_merged"),
+                   data.get("kind", "conv2d"))
 
 
 def choose_merges(module: tvm.IRModule, prepared: Callable[[tvm.IRModule], tvm.IRModule],
                   latencies: Callable[[tvm.IRModule], tuple[float, ...]]) -> tuple[MergeChoice, ...]:
-    """For each group of `convolution_groups(module)`, in order, the latency of its members and merged, from
+    """For each group of `parallel_groups(module)`, in order, the latency of its members and merged, from
     `latencies` (per parameter of a module's `main`) of `groups_module` and of it merged, each rewritten by
     `prepared` as the model is (`as_computed`)."""
-    groups = convolution_groups(module)
+    groups = parallel_groups(module)
     if not groups:
         return ()
     members = groups_module(module, groups)
-    merged, _ = merge_convolutions(members)
+    merged = merge_matmuls(merge_convolutions(members)[0])[0]
     alone, together = (latencies(as_computed(prepared(part))) for part in (members, merged))
-    return tuple(MergeChoice(len(group), *times) for group, *times in zip(groups, alone, together))
+    return tuple(MergeChoice(len(group), *times, kind=_kind(group))
+                 for group, *times in zip(groups, alone, together))
+
+
+def parallel_groups(module: tvm.IRModule) -> list[list[Member]]:
+    """The groups that `--merge all` merges: those of convolutions, then those of matrix products, each in
+    program order (the order of `MergeChoice`s)."""
+    return [*convolution_groups(module), *matmul_groups(module)]
+
+
+def _kind(group: list[Member]) -> str:
+    return "conv2d" if isinstance(group[0], Convolution) else "matmul"
 
 
 def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], model: Lowered, cost: CostModel,
@@ -82,7 +99,7 @@ def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], model: 
     search of `model` (`module` unmerged, rewritten by `prepared` and lowered) with `cost` weighed: whether
     it ran a stage of the group's kernels (`group_kernels`) merged. A group whose kernels were not found,
     or fell in two parts of a block too large to search whole, keeps its own choice."""
-    members = as_computed(prepared(groups_module(module, convolution_groups(module))))
+    members = as_computed(prepared(groups_module(module, parallel_groups(module))))
     lowered = Lowered(*extract(lower(members), [param.name for param in members["main"].params]))
     found = group_kernels(lowered, model)
     options = tuple(MergeOption(index, kernels, choice.merged_ms)
@@ -95,10 +112,17 @@ def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], model: 
                  for index, choice in enumerate(choices))
 
 
-def merge_chosen(module: tvm.IRModule, choices: tuple[MergeChoice, ...]
-                 ) -> tuple[tvm.IRModule, tuple[int, ...]]:
-    """`module` with the groups merged that `choices` (of `choose_merges(module)`) merge."""
-    return merge_convolutions(module, keep=lambda index: choices[index].merged)
+def merge_chosen(module: tvm.IRModule, choices: tuple[MergeChoice, ...] | None = None
+                 ) -> tuple[tvm.IRModule, tuple[int, ...], tuple[int, ...]]:
+    """`module` with the groups merged that `choices` (of `choose_merges(module)`) merge, every group of
+    `parallel_groups` where `choices` is None, and the size of each group of convolutions and of matrix
+    products merged."""
+    def merged(index: int) -> bool:
+        return choices is None or choices[index].merged
+    convolutions = sum(choice.kind == "conv2d" for choice in choices or ())
+    module, merged_convolutions = merge_convolutions(module, keep=merged)
+    module, merged_matmuls = merge_matmuls(module, keep=lambda index: merged(convolutions + index))
+    return module, merged_convolutions, merged_matmuls
 
 
 def as_computed(module: tvm.IRModule) -> tvm.IRModule:
@@ -163,7 +187,7 @@ def _as_computed(var: relax.Expr, bindings: Bindings) -> relax.Expr:
     return var
 
 
-def groups_module(module: tvm.IRModule, groups: list[list[Convolution]]) -> tvm.IRModule:
+def groups_module(module: tvm.IRModule, groups: list[list[Member]]) -> tvm.IRModule:
     """A module whose `main` takes one parameter per group, its shared input, and returns each member's
     result after the element-wise epilogue that follows it in `module`, or the concat of those results
     where one concat joins exactly them."""
@@ -192,14 +216,16 @@ def _model_outputs(main: relax.Function, bindings: Bindings) -> set:
     return outputs
 
 
-def _emit_group(builder: relax.BlockBuilder, group: list[Convolution], parameter: relax.Var,
+def _emit_group(builder: relax.BlockBuilder, group: list[Member], parameter: relax.Var,
                 bindings: Bindings) -> list[tuple[relax.Var, relax.Var]]:
-    """Emit the group's members with their epilogues (and the constants those read), and the concat that
+    """Emit the group's members with their epilogues and the moves after those (`Bindings.moves`; and the
+    constants those read), and the concat that
     joins exactly their results if there is one, reading `parameter` for the shared input; for each result
     the group computes for the rest of the model, its variable in the model and the one emitted."""
     kept, ends = set(), []
-    for convolution in group:
-        chain = [convolution.var] + [binding.var for binding in bindings.chain(convolution.var)]
+    for member in group:
+        chain = [member.var] + [binding.var for binding in bindings.chain(member.var)]
+        chain += [binding.var for binding in bindings.moves(chain[-1])]
         kept |= {var.__chandle__() for var in chain}
         ends.append(chain[-1])
     joined = _joining_concat(ends, bindings)

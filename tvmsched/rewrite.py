@@ -9,7 +9,7 @@ import tvm
 
 from tvmsched.cpu_schedules import vector_lanes
 from tvmsched.layout import in_layout
-from tvmsched.merge import Merged, merge_parallel
+from tvmsched.merge import Merged
 from tvmsched.merge_choice import MergeChoice, merge_chosen
 from tvmsched.packed_weights import weights_packed
 from tvmsched.pad_channels import channels_padded
@@ -23,12 +23,10 @@ def rewrite(module: tvm.IRModule, precision: str = "fp32", layout: str = "nchw",
             choices: tuple[MergeChoice, ...] = (), spec: TargetSpec | None = None) -> Merged:
     """`module` (as `frontend.to_relax` imports it) merged as `merge` says (`tvmsched.merge`: "all" every
     group, "auto" the groups that `choices` merge, `tvmsched.merge_choice`), then `prepared`."""
-    if merge == "all":
-        merged = merge_parallel(module)
-    elif merge == "auto":
-        merged = Merged(*merge_chosen(module, choices), choices=choices)
-    else:
+    if merge == "off":
         merged = Merged(module)
+    else:
+        merged = Merged(*merge_chosen(module, choices if merge == "auto" else None), choices=choices)
     return Merged(prepared(merged.module, precision, layout, spec), merged.convolutions, merged.matmuls,
                   merged.choices)
 

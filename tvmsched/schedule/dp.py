@@ -46,10 +46,10 @@ from tvmsched.schedule.sequential import SequentialScheduler
 
 @dataclass(frozen=True)
 class MergeOption:
-    """IOS-Both's other way to run one stage: `kernels` (a group of convolutions reading one tensor with their
-    epilogues, and the concat joining exactly their results where there is one) replaced by the group
-    merged, which takes `merged_ms`; `group` numbers the group among the model's
-    (`merge.convolution_groups`)."""
+    """IOS-Both's other way to run one stage: `kernels` (a group of convolutions or matrix products reading
+    one tensor with their epilogues, and the concat joining exactly their results where there is one)
+    replaced by the group merged, which takes `merged_ms`; `group` numbers the group among the model's
+    (`merge_choice.parallel_groups`)."""
 
     group: int
     kernels: frozenset[int]

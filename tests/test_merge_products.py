@@ -1,0 +1,148 @@
+"""IOS-Merge of matrix products (`tvmsched.merge_products`): products of one input by constants merged into
+one whose slices fuse with the reshapes after them, only the groups kept, and with merge "auto" each group
+of products timed and chosen beside the groups of convolutions (`merge_choice`)."""
+
+import numpy as np
+import pytest
+from conftest import make_model, tensor
+from onnx import helper
+from test_merge import assert_runs_as_onnxruntime, conv, conv_kernels, matmul_kernels, unmerged_graph, weight
+
+import tvmsched
+from tvmsched import frontend
+from tvmsched.graph import extract
+from tvmsched.lower import lower
+from tvmsched.merge_choice import MergeChoice, groups_module, parallel_groups
+from tvmsched.merge_kernels import Lowered, group_kernels
+from tvmsched.merge_products import matmul_groups, merge_matmuls
+
+SEQUENCE, WIDTH, HEADS = 8, 16, 2
+
+
+def attention_nodes(source: str, output: str) -> tuple[list, dict]:
+    """One self-attention of `source` (1, SEQUENCE, WIDTH) as BERT's: query, key and value projections with
+    bias, each reshaped and transposed into heads, the scores' softmax and the heads joined again."""
+    head = WIDTH // HEADS
+    nodes, constants = [], {"heads": np.array([1, SEQUENCE, HEADS, head], "int64"),
+                            "joined": np.array([1, SEQUENCE, WIDTH], "int64")}
+    for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("MatMul", [source, f"w{name}"], [f"{name}0"]),
+                  helper.make_node("Add", [f"{name}0", f"b{name}"], [f"{name}1"]),
+                  helper.make_node("Reshape", [f"{name}1", "heads"], [f"{name}2"]),
+                  helper.make_node("Transpose", [f"{name}2"], [f"{name}3"], perm=perm)]
+        constants |= {f"w{name}": weight(WIDTH, WIDTH), f"b{name}": weight(WIDTH)}
+    nodes += [helper.make_node("MatMul", ["q3", "k3"], ["scores"]),
+              helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v3"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["o1"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o1", "joined"], [output])]
+    return nodes, constants
+
+
+def attention():
+    nodes, constants = attention_nodes("x", "y")
+    return make_model(nodes, [tensor("x", [1, SEQUENCE, WIDTH])], [tensor("y", [1, SEQUENCE, WIDTH])],
+                      constants)
+
+
+def attention_and_gemms():
+    """The attention of x, and two Gemms with bias of another input z: two groups of products."""
+    nodes, constants = attention_nodes("x", "y")
+    nodes += [helper.make_node("Gemm", ["z", "g1", "c1"], ["a"], transB=1),
+              helper.make_node("Gemm", ["z", "g2", "c2"], ["b"])]
+    constants |= {"g1": weight(6, 8), "c1": weight(6), "g2": weight(8, 4), "c2": weight(4)}
+    outputs = [tensor("y", [1, SEQUENCE, WIDTH]), tensor("a", [2, 6]), tensor("b", [2, 4])]
+    return make_model(nodes, [tensor("x", [1, SEQUENCE, WIDTH]), tensor("z", [2, 8])], outputs, constants)
+
+
+def attention_and_convolutions():
+    """The attention of x, and two 1x1 convolutions of an image concatenated: a group of each kind."""
+    nodes, constants = attention_nodes("x", "y")
+    nodes += [conv(["image", "w1"], "c1"), conv(["image", "w2"], "c2"),
+              helper.make_node("Concat", ["c1", "c2"], ["joined_image"], axis=1)]
+    constants |= {"w1": weight(8, 6, 1, 1), "w2": weight(4, 6, 1, 1)}
+    return make_model(nodes, [tensor("image", [1, 6, 8, 8]), tensor("x", [1, SEQUENCE, WIDTH])],
+                      [tensor("joined_image", [1, 12, 8, 8]), tensor("y", [1, SEQUENCE, WIDTH])], constants)
+
+
+def relax_of(model):
+    return frontend.to_relax(model, frontend.bind_input_shapes(model))
+
+
+def test_projections_merged_are_one_kernel_whose_slices_fuse_with_the_reshapes_into_heads():
+    model = attention()
+    unmerged = unmerged_graph(model)
+    compiled = tvmsched.compile(model, target="llvm", merge="all")
+    assert compiled.meta.merged_matmuls == (3,)
+    assert matmul_kernels(unmerged) == 5 and matmul_kernels(compiled.graph) == 3
+    assert len(compiled.graph.kernels) == len(unmerged.kernels) - 2  # no kernel of its own for the split
+    sliced = [kernel.op_kinds for kernel in compiled.graph.kernels if "strided_slice" in kernel.op_kinds]
+    assert sliced == [("strided_slice", "reshape", "transpose")] * 3
+    assert_runs_as_onnxruntime(compiled, model, ("greedy", "dp"))
+
+
+@pytest.mark.parametrize("kept", [(0,), (1,), (0, 1)])
+def test_only_the_kept_groups_of_products_merge(kept):
+    module = relax_of(attention_and_gemms())
+    assert [len(group) for group in matmul_groups(module)] == [3, 2]  # in program order
+    merged, sizes = merge_matmuls(module, keep=lambda index: index in kept)
+    assert sizes == tuple([3, 2][index] for index in kept)
+    graph, _ = extract(lower(merged), ["x", "z"])
+    assert matmul_kernels(graph) == 7 - sum(sizes) + len(sizes)
+    assert merge_matmuls(module, keep=lambda index: False) == (module, ())
+
+
+def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_the_model():
+    model = attention()
+    module = relax_of(model)
+    groups = parallel_groups(module)
+    assert [len(group) for group in groups] == [3]
+    members = groups_module(module, groups)
+    lowered = Lowered(*extract(lower(members), ["group0"]))
+    full = Lowered(*extract(lower(module), ["x"]))
+    # each product with its bias, and the reshape and transpose into heads, as the model's kernels
+    assert sorted(kernel.op_kinds for kernel in lowered.graph.kernels) == [("matmul", "add")] * 3 + [
+        ("reshape", "transpose")] * 3
+    [found] = group_kernels(lowered, full)
+    assert sorted(full.graph.kernels[kernel].op_kinds for kernel in found) == sorted(
+        kernel.op_kinds for kernel in lowered.graph.kernels)
+
+
+def time_groups(monkeypatch, convolutions_merged_ms: float, products_merged_ms: float) -> None:
+    """`attention_and_convolutions`' groups timed 2.0 ms apart and as given merged."""
+    from tvmsched import api
+
+    def latencies(module, *args) -> tuple[float, ...]:
+        if module["main"].script().count("R.nn.conv2d(") == 2:
+            return (2.0, 2.0)
+        return (convolutions_merged_ms, products_merged_ms)
+    monkeypatch.setattr(api, "alternative_ms", latencies)
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "dp"])
+def test_auto_chooses_groups_of_products_beside_those_of_convolutions(monkeypatch, schedule):
+    model = attention_and_convolutions()
+    time_groups(monkeypatch, 3.0, 1e-6)
+    compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule=schedule)
+    choices = compiled.meta.merge_choices
+    assert [(choice.kind, choice.members, choice.merged) for choice in choices] == [
+        ("conv2d", 2, False), ("matmul", 3, True)]
+    assert all((choice.dp_merged is None) == (schedule == "sequential") for choice in choices)
+    assert compiled.meta.merged_convolutions == () and compiled.meta.merged_matmuls == (3,)
+    assert conv_kernels(compiled.graph) == 2 and matmul_kernels(compiled.graph) == 3
+    assert_runs_as_onnxruntime(compiled, model)
+
+
+def test_auto_keeps_products_apart_where_merged_is_slower(monkeypatch):
+    model = attention_and_convolutions()
+    time_groups(monkeypatch, 1.0, 3.0)
+    compiled = tvmsched.compile(model, target="llvm", merge="auto")
+    assert compiled.meta.merged_convolutions == (2,) and compiled.meta.merged_matmuls == ()
+    assert_runs_as_onnxruntime(compiled, model)
+
+
+def test_a_choice_records_its_kind():
+    choice = MergeChoice(3, 2.0, 1.0, kind="matmul")
+    assert MergeChoice.from_json(choice.to_json()) == choice
+    before = {"schema": 2, "members": 2, "members_ms": 2.0, "merged_ms": 1.0, "dp_merged": True}
+    assert MergeChoice.from_json(before) == MergeChoice(2, 2.0, 1.0, True, "conv2d")  # convolutions only
