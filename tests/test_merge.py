@@ -308,7 +308,7 @@ def assert_two_choices_made(meta) -> tuple[MergeChoice, ...]:
     assert len(choices) == 2 and all(choice.members_ms > 0 and choice.merged_ms > 0 for choice in choices)
     chosen = tuple(choice.members for choice in choices if choice.merged)
     # on a GPU, a build that merged is checked whole against the unmerged one, and the faster kept
-    kept_merged = meta.merge_check is None or meta.merge_check[0] < meta.merge_check[1]
+    kept_merged = not meta.merge_check or min(meta.merge_check, key=lambda pair: pair[1])[0] != "unmerged"
     assert meta.merged_convolutions == (chosen if kept_merged else ())
     return choices
 
@@ -333,6 +333,9 @@ def test_builds_before_merge_modes_load_with_theirs():
     meta = tvmsched.compile(two_1x1(), target="llvm").meta.to_json()
     for recorded, mode in ((True, "all"), (False, "off")):
         assert ModelMeta.from_json({**meta, "merge": recorded}).merge == mode
+    # a whole-model check recorded (merged ms, unmerged ms) before the candidates had names
+    assert ModelMeta.from_json({**meta, "merge_check": [1.5, 2.0]}).merge_check == (("merged", 1.5),
+                                                                                   ("unmerged", 2.0))
 
 
 def merged_main(model) -> str:
@@ -440,7 +443,7 @@ def test_auto_keeps_the_merged_model_only_where_its_whole_plan_is_faster(monkeyp
     monkeypatch.setattr(api.CompiledModel, "benchmark", lambda self, *args, **kwargs: {
         "median_ms": merged_ms if self.meta.merged_convolutions else plain_ms})
     compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="greedy")
-    assert compiled.meta.merge_check == (merged_ms, plain_ms)
+    assert compiled.meta.merge_check == (("own", merged_ms), ("unmerged", plain_ms))
     assert compiled.meta.merged_convolutions == ((2,) if merged_ms < plain_ms else ())
     assert conv_kernels(compiled.graph) == (3 if merged_ms < plain_ms else 4)
     assert len(compiled.meta.merge_choices) == 2 and compiled.meta.merge == "auto"

@@ -2,6 +2,8 @@
 graph (`merge_kernels.group_kernels`), and `--merge auto` builds scheduled by dp merging exactly the groups
 dp's search ran merged. (The search itself against brute force: tests/test_schedule_dp.py.)"""
 
+from dataclasses import replace
+
 import pytest
 from conftest import make_model, tensor
 from onnx import helper
@@ -163,3 +165,36 @@ def test_choices_of_schema_1_were_the_groups_own():
     assert MergeChoice.from_json({"schema": 1, "members": 2, "members_ms": 2.0, "merged_ms": 1.0}) == choice
     assert choice.merged and MergeChoice.from_json(choice.to_json()) == choice
     assert not MergeChoice(2, 2.0, 1.0, dp_merged=False).merged
+
+
+@pytest.mark.parametrize("dp_merges, times, check, kept", [
+    # dp merged nothing: each group's own choice (the 1x1 pair merged) is the merged candidate
+    ((False, False), {(2,): 1.0, (): 2.0}, (("own", 1.0), ("unmerged", 2.0)), (2,)),
+    ((False, False), {(2,): 3.0, (): 2.0}, (("own", 3.0), ("unmerged", 2.0)), ()),
+    ((True, True), {(2, 2): 1.5, (2,): 1.0, (): 2.0}, (("dp", 1.5), ("own", 1.0), ("unmerged", 2.0)),
+     (2,)),
+    ((True, True), {(2, 2): 0.5, (2,): 1.0, (): 2.0}, (("dp", 0.5), ("own", 1.0), ("unmerged", 2.0)),
+     (2, 2))])
+def test_the_whole_model_check_weighs_dps_choice_and_each_groups_own(monkeypatch, fake_cuda, tmp_path,
+                                                                       dp_merges, times, check, kept):
+    """On a GPU, dp's choice, each group's own (`time_groups`: the 1x1 pair merged) where it differs, and
+    the unmerged model are built and benchmarked whole; the fastest is kept, its meta saying what it
+    merged and every candidate's time."""
+    from test_merge import time_groups
+
+    from tvmsched import api
+
+    monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
+    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    model = two_groups()
+    time_groups(monkeypatch, model)
+    monkeypatch.setattr(api, "_chosen_in_dp", lambda module, choices, *args: tuple(
+        replace(choice, dp_merged=merged) for choice, merged in zip(choices, dp_merges)))
+    monkeypatch.setattr(api.CompiledModel, "benchmark", lambda self, *args, **kwargs: {
+        "median_ms": times[self.meta.merged_convolutions]})
+    compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="dp")
+    assert compiled.meta.merge_check == check
+    assert compiled.meta.merged_convolutions == kept
+    if kept:  # the kept model's choices are those it was built with
+        assert tuple(choice.members for choice in compiled.meta.merge_choices if choice.merged) == kept
+    assert_runs_as_onnxruntime(compiled, model)

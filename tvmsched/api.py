@@ -77,7 +77,7 @@ class ModelMeta:
     merged_convolutions: tuple[int, ...] = ()  # how many convolutions each merged one replaced
     merged_matmuls: tuple[int, ...] = ()  # how many matmuls each merged one replaced
     merge_choices: tuple[MergeChoice, ...] = ()  # with merge "auto", what each group measured
-    merge_check: tuple[float, float] | None = None  # with merge "auto": the whole model's ms merged, unmerged
+    merge_check: tuple[tuple[str, float], ...] = ()  # with merge "auto": each candidate's name and ms
 
     def to_json(self) -> dict:
         return {"schema": META_SCHEMA, "inputs": [spec.to_json() for spec in self.inputs],
@@ -90,7 +90,7 @@ class ModelMeta:
                 "merge": self.merge, "merged_convolutions": list(self.merged_convolutions),
                 "merged_matmuls": list(self.merged_matmuls),
                 "merge_choices": [choice.to_json() for choice in self.merge_choices],
-                "merge_check": self.merge_check and list(self.merge_check)}
+                "merge_check": [list(pair) for pair in self.merge_check]}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelMeta:
@@ -106,7 +106,16 @@ class ModelMeta:
                    _merge_mode(data.get("merge", "off")), tuple(data.get("merged_convolutions", ())),
                    tuple(data.get("merged_matmuls", ())),
                    tuple(MergeChoice.from_json(choice) for choice in data.get("merge_choices", ())),
-                   data.get("merge_check") and tuple(data["merge_check"]))
+                   _merge_check(data.get("merge_check")))
+
+
+def _merge_check(data: list | None) -> tuple[tuple[str, float], ...]:
+    """The candidates' times: builds before "dp" and "own" were told apart recorded (merged, unmerged ms)."""
+    if not data:
+        return ()
+    if all(isinstance(item, float | int) for item in data):
+        return (("merged", data[0]), ("unmerged", data[1]))
+    return tuple((name, ms) for name, ms in data)
 
 
 def _merge_mode(merge: str | bool) -> str:
@@ -216,14 +225,30 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         progress("weighing each group merged inside dp's search of the unmerged model (IOS-Both)")
         choices = _chosen_in_dp(relax_module, choices, plain, in_build, [item.name for item in inputs], cost,
                                 dict(max_streams=max_streams, **schedule_options))
-    merged = rewrite(relax_module, precision, layout, merge, choices, spec)
-    if plain is not None:
-        plain = plain.with_meta(replace(plain.meta, merge_choices=choices))
-        if not (merged.convolutions or merged.matmuls):
-            return _ready(plain)
-        progress("checking the merged model against the unmerged one (each built, scheduled and timed)")
-        return _ready(whole_model_check(built(merged), plain))
-    return _ready(built(merged))
+    if plain is None:
+        return _ready(built(rewrite(relax_module, precision, layout, merge, choices, spec)))
+    candidates = []
+    for name, candidate in _merge_candidates(choices):
+        merged = rewrite(relax_module, precision, layout, merge, candidate, spec)
+        if merged.convolutions or merged.matmuls:
+            candidates.append((name, built(merged)))
+    plain = plain.with_meta(replace(plain.meta, merge_choices=choices))
+    if not candidates:
+        return _ready(plain)
+    progress("checking the merged models against the unmerged one (each built, scheduled and timed)")
+    return _ready(whole_model_check([*candidates, ("unmerged", plain)]))
+
+
+def _merge_candidates(choices: tuple[MergeChoice, ...]) -> list[tuple[str, tuple[MergeChoice, ...]]]:
+    """The ways to merge that `whole_model_check` weighs, by name: "dp" where dp's search chose (`choices`
+    with `dp_merged`), and each group's own choice ("own"; the same choices without dp's) where it merges
+    other groups. dp's stage sums miss what a plan's streams overlap and what their events cost: BERT's
+    projections, merged by their own timings, ran faster than dp's choice of none."""
+    own = tuple(replace(choice, dp_merged=None) for choice in choices)
+    if own == choices:
+        return [("own", own)]
+    differs = [choice.merged for choice in own] != [choice.merged for choice in choices]
+    return [("dp", choices)] + [("own", own)] * differs
 
 
 def _chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], plain: CompiledModel | None,
@@ -251,17 +276,17 @@ def _ready(model: CompiledModel) -> CompiledModel:
     return model
 
 
-def whole_model_check(merged: CompiledModel, plain: CompiledModel) -> CompiledModel:
-    """Of `merged` (some groups merged by `--merge auto`) and `plain` (none merged), the one whose plan
-    benchmarks faster (each benchmarked alone, its executor closed after), its meta recording both times
-    (`merge_check`). A group that is faster merged alone need not make the whole plan faster."""
+def whole_model_check(candidates: list[tuple[str, CompiledModel]]) -> CompiledModel:
+    """Of `candidates` (by name: models merged as `--merge auto` chose, `_merge_candidates`, and the
+    unmerged one), the one whose plan benchmarks fastest (each benchmarked alone, its executor closed
+    after), its meta recording every time (`merge_check`). A group that is faster merged alone need not
+    make the whole plan faster."""
     times = []
-    for model in (merged, plain):
+    for name, model in candidates:
         with model:  # one executor at a time, closed after its benchmark
-            times.append(model.benchmark()["median_ms"])
-    merged_ms, plain_ms = times
-    kept = merged if merged_ms < plain_ms else plain
-    return kept.with_meta(replace(kept.meta, merge_check=(merged_ms, plain_ms)))
+            times.append((name, model.benchmark()["median_ms"]))
+    kept = min(zip(times, (model for _, model in candidates)), key=lambda pair: pair[0][1])[1]
+    return kept.with_meta(replace(kept.meta, merge_check=tuple(times)))
 
 
 def _with_tactics(built, graph: KernelGraph, constants: dict, meta: ModelMeta, context: dict, kernels: str,

@@ -458,9 +458,10 @@ def _compiled(args):
                           f"{choice.merged_ms:.4f} ms: {'merged' if choice.merged else 'kept apart'}"
                           + (" (dp's search of the whole model)" if choice.dp_merged is not None else ""))
         if model.meta.merge_check:
-            merged_ms, plain_ms = model.meta.merge_check
-            console.print(f"  the whole model: {merged_ms:.4f} ms merged, {plain_ms:.4f} ms unmerged: "
-                          f"{'merged' if merged_ms < plain_ms else 'kept unmerged'}")
+            names = {"dp": "dp's choice", "own": "each group's own choice"}
+            times = [(names.get(name, name), ms) for name, ms in model.meta.merge_check]
+            console.print("  the whole model: " + ", ".join(f"{name} {ms:.4f} ms" for name, ms in times)
+                          + f": kept {min(times, key=lambda pair: pair[1])[0]}")
         console.print(f"  merged {sum(convolutions)} convolutions into {len(convolutions)}, {sum(matmuls)} "
                       f"matmuls into {len(matmuls)}")
     for symbol, why in model.meta.fallbacks:
