@@ -12,9 +12,11 @@ import tvmsched
 from tvmsched import frontend
 from tvmsched.graph import extract
 from tvmsched.lower import lower
-from tvmsched.merge_choice import MergeChoice, groups_module, parallel_groups
+from tvmsched.merge_choice import MergeChoice, as_computed, groups_module, parallel_groups
 from tvmsched.merge_kernels import Lowered, group_kernels
 from tvmsched.merge_products import matmul_groups, merge_matmuls
+from tvmsched.rewrite import prepared
+from tvmsched.target import resolve_target
 
 SEQUENCE, WIDTH, HEADS = 8, 16, 2
 
@@ -92,17 +94,22 @@ def test_only_the_kept_groups_of_products_merge(kept):
     assert merge_matmuls(module, keep=lambda index: False) == (module, ())
 
 
-def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_the_model():
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_the_model(precision):
+    """The groups module, rewritten as the model is and as computed (`as_computed`: the transposes into heads
+    are the model's own and stay), holds each product with its bias and its reshape and transpose into
+    heads, as the model's kernels; they are all found in the model's graph."""
     model = attention()
     module = relax_of(model)
     groups = parallel_groups(module)
     assert [len(group) for group in groups] == [3]
-    members = groups_module(module, groups)
+    spec = resolve_target("llvm")
+    members = as_computed(prepared(groups_module(module, groups), precision, "nchw", spec))
     lowered = Lowered(*extract(lower(members), ["group0"]))
-    full = Lowered(*extract(lower(module), ["x"]))
-    # each product with its bias, and the reshape and transpose into heads, as the model's kernels
-    assert sorted(kernel.op_kinds for kernel in lowered.graph.kernels) == [("matmul", "add")] * 3 + [
-        ("reshape", "transpose")] * 3
+    full = Lowered(*extract(lower(prepared(module, precision, "nchw", spec)), ["x"]))
+    products = [kind for kind in lowered.graph.kernels if "matmul" in kind.op_kinds]
+    assert len(products) == 3 and sorted(kernel.op_kinds for kernel in lowered.graph.kernels
+                                         if kernel not in products) == [("reshape", "transpose")] * 3
     [found] = group_kernels(lowered, full)
     assert sorted(full.graph.kernels[kernel].op_kinds for kernel in found) == sorted(
         kernel.op_kinds for kernel in lowered.graph.kernels)

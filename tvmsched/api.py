@@ -164,9 +164,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     (`tvmsched.merge`); "auto" times each group of convolutions (or matmuls) merged and not, its kernels
     compiled and scheduled as the model's (on the GPU, else by the analytic cost; `tvmsched.merge_choice`),
     and merges the groups that run faster merged, or with `schedule` "dp" those that dp's search of the
-    unmerged model runs merged (IOS-Both); on the GPU it keeps the merged model only where its plan
-    benchmarks faster than the unmerged one's (`whole_model_check`, a second build); "off" merges nothing
-    (True and False, as before the modes, are all and off).
+    unmerged model runs merged (IOS-Both); on the GPU the unmerged model and, where they differ, dp's
+    choice and each group's own are built, and the one whose plan benchmarks fastest is kept
+    (`whole_model_check`); "off" merges nothing (True and False, as before the modes, are all and off).
 
     `progress` is called with the name of each stage as it starts.
     """

@@ -1,6 +1,7 @@
 """The element-wise epilogue chains of an imported module: the bias adds, batch norms and activations that
-follow a binding and that FuseOps fuses into the convolution before them. `tvmsched.merge` merges the
-chains of merged convolutions; `tvmsched.merge_choice` costs each convolution with its chain.
+follow a binding and that FuseOps fuses into the convolution (or matrix product) before them.
+`tvmsched.merge` merges the chains of merged convolutions and products; `tvmsched.merge_choice` costs each
+member of a group with its chain.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from tvm import relax
 
 from tvmsched.lower import is_op
 
-# Ops applied to a tensor and constants that FuseOps fuses into a convolution before them, as the importer
-# emits them (a batch norm as a tuple whose first field is taken).
+# Ops applied to a tensor and constants that FuseOps fuses into a convolution or product before them, as
+# the importer emits them (a batch norm as a tuple whose first field is taken).
 EPILOGUE_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.nn.relu",
                           "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
                           "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.nn.batch_norm"})

@@ -161,9 +161,16 @@ def as_computed(module: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(result)
 
 
-def _layout_or_cast(value, source: str, target: str) -> bool:
-    """Whether `value` changes its operand's layout, or casts it from dtype `source` to `target`."""
-    return is_op(value, "relax.permute_dims") or is_op(value, "relax.layout_transform") or (
+TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+
+
+def _layout_or_cast(value, source: str, target: str, axes: list[int]) -> bool:
+    """Whether `value` is a change the precision and layout rewrites make at a module's edge: a cast from
+    dtype `source` to `target`, or a layout change (a `permute_dims` by `axes`, TO_NHWC or TO_NCHW). A
+    member's own transpose after it (BERT's into heads, `Bindings.moves`) is the model's and stays."""
+    if is_op(value, "relax.permute_dims"):
+        return value.attrs.axes is not None and [int(axis) for axis in value.attrs.axes] == axes
+    return is_op(value, "relax.layout_transform") or (
         is_op(value, "relax.astype") and str(value.args[0].ty.dtype) == source
         and str(value.attrs.dtype) == target)
 
@@ -172,7 +179,7 @@ def _read_as(param: relax.Var, bindings: Bindings) -> list[relax.Var]:
     """The variables of the layout changes and float32-to-float16 casts that alone read `param`, in turn."""
     chain, var = [], param
     while len(users := bindings.users.get(var.__chandle__(), [])) == 1 and _layout_or_cast(
-            users[0].value, "float32", "float16"):
+            users[0].value, "float32", "float16", TO_NHWC):
         var = users[0].var
         chain.append(var)
     return chain
@@ -181,7 +188,7 @@ def _read_as(param: relax.Var, bindings: Bindings) -> list[relax.Var]:
 def _as_computed(var: relax.Expr, bindings: Bindings) -> relax.Expr:
     """`var` before the layout changes and float16-to-float32 casts that compute it."""
     while isinstance(var, relax.Var) and (value := bindings.values.get(var.__chandle__())) is not None:
-        if not _layout_or_cast(value, "float16", "float32"):
+        if not _layout_or_cast(value, "float16", "float32", TO_NCHW):
             break
         var = value.args[0]
     return var

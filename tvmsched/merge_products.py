@@ -20,6 +20,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvmsched.epilogues import Bindings
 from tvmsched.lower import is_op
 from tvmsched.merge import Member, keyed, merge_groups
 
@@ -40,8 +41,7 @@ class Product(Member):
 
 def matmul_groups(module: tvm.IRModule) -> list[list[Product]]:
     """The groups of products of `main` that `merge_matmuls` would merge, in its order."""
-    values = {binding.var.__chandle__(): binding.value for block in module["main"].body.blocks
-              for binding in block.bindings}
+    values = Bindings(module["main"]).values
     return [group for block in module["main"].body.blocks for group in _block_groups(block, values)]
 
 

@@ -14,9 +14,10 @@ Each part's searched stages are finally checked against greedy's (IOS's baseline
 the cost source can time whole orders, in the whole plan as executed, which is then also checked against
 the baseline schedulers' plans of the whole graph (docs/schedulers.md).
 
-IOS-Both (`merge_search`): given merge options (the kernels of a group of convolutions reading one tensor
-and the latency of that group merged), a stage made of exactly an option's kernels may run them merged
-instead, whichever the cost source finds faster; the search says which stages merged.
+IOS-Both (`merge_search`): given merge options (the kernels of a group of convolutions or of matrix
+products reading one tensor and the latency of that group merged), a stage made of exactly an option's
+kernels may run them merged instead, whichever the cost source finds faster; the search says which stages
+merged.
 """
 
 from __future__ import annotations
