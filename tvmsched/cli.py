@@ -352,8 +352,8 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "auto only the groups that run faster merged, each timed merged and not on the "
                              "GPU (the analytic cost without one); with --schedule dp, those that dp's "
                              "search of the unmerged model runs merged (IOS-Both); then on the GPU the "
-                             "model only if its plan runs faster than the unmerged one's (a second build), "
-                             "off none (default off; --merge alone: all)")
+                             "unmerged model, dp's choice and each group's own are built and the one whose "
+                             "plan runs fastest kept; off none (default off; --merge alone: all)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
