@@ -242,8 +242,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
 def _merge_candidates(choices: tuple[MergeChoice, ...]) -> list[tuple[str, tuple[MergeChoice, ...]]]:
     """The ways to merge that `whole_model_check` weighs, by name: "dp" where dp's search chose (`choices`
     with `dp_merged`), and each group's own choice ("own"; the same choices without dp's) where it merges
-    other groups. dp's stage sums miss what a plan's streams overlap and what their events cost: BERT's
-    projections, merged by their own timings, ran faster than dp's choice of none."""
+    other groups. dp's stage sums do not see what a plan's streams overlap across stages: torchvision's
+    googlenet at batch 16 ran 2.3% faster with 3 groups merged by their own timings than unmerged, where
+    dp's choice was none."""
     own = tuple(replace(choice, dp_merged=None) for choice in choices)
     if own == choices:
         return [("own", own)]
