@@ -12,6 +12,7 @@ from test_merge import (
     conv,
     conv_kernels,
     fire,
+    kernel_graph,
     three_3x3_epilogues,
     two_groups,
     weight,
@@ -23,7 +24,7 @@ from tvmsched.api import model_proto
 from tvmsched.graph import extract
 from tvmsched.lower import lower
 from tvmsched.merge import convolution_groups
-from tvmsched.merge_choice import MergeChoice, as_computed, groups_module
+from tvmsched.merge_choice import MergeChoice, group_modules, groups_module
 from tvmsched.merge_kernels import Lowered, group_kernels
 from tvmsched.rewrite import prepared
 from tvmsched.target import resolve_target
@@ -36,12 +37,12 @@ def found_kernels(model, target: str, precision: str = "fp32"):
     layout = "nhwc" if precision == "fp16" else "nchw"
     inputs = frontend.bind_input_shapes(model)
     module = frontend.to_relax(model, inputs)
-    groups = convolution_groups(module)
-    members = as_computed(prepared(groups_module(module, groups), precision, layout, spec))
-    lowered = Lowered(*extract(lower(members), [param.name for param in members["main"].params]))
+    modules = group_modules(module, lambda part: prepared(part, precision, layout, spec))
+    members = modules.members
+    lowered = Lowered(*extract(members, [param.name for param in members.module["main"].params]))
     model = Lowered(*extract(lower(prepared(module, precision, layout, spec)),
                              [item.name for item in inputs]))
-    return groups, group_kernels(lowered, model), model.graph, lowered.graph
+    return modules.groups, group_kernels(lowered, model), model.graph, lowered.graph
 
 
 @pytest.mark.parametrize("name, target, joined",
@@ -112,8 +113,8 @@ def test_dp_merges_the_groups_its_search_runs_merged(monkeypatch, pointwise_ms, 
     groups = convolution_groups(frontend.to_relax(model, frontend.bind_input_shapes(model)))
     pointwise = [group[0].weight.shape[2] == 1 for group in groups]
 
-    def latencies(module, *args) -> tuple[float, ...]:
-        if module["main"].script().count("R.nn.conv2d(") == 4:
+    def latencies(lowered, *args) -> tuple[float, ...]:
+        if conv_kernels(kernel_graph(lowered)) == 4:
             return (2.0, 2.0)
         return tuple(pointwise_ms if one else window_ms for one in pointwise)
     monkeypatch.setattr(api, "alternative_ms", latencies)
@@ -151,7 +152,7 @@ def test_with_analytic_costs_on_a_gpu_the_groups_are_not_timed(monkeypatch):
 
     model = two_groups()
     module = frontend.to_relax(model, frontend.bind_input_shapes(model))
-    members = groups_module(module, convolution_groups(module))
+    members = lower(groups_module(module, convolution_groups(module)))
     monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
     monkeypatch.setattr(api, "_compiled_kernels", lambda *args: pytest.fail("compiled to be timed"))
     spec = resolve_target("llvm")

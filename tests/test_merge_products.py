@@ -6,13 +6,21 @@ import numpy as np
 import pytest
 from conftest import make_model, tensor
 from onnx import helper
-from test_merge import assert_runs_as_onnxruntime, conv, conv_kernels, matmul_kernels, unmerged_graph, weight
+from test_merge import (
+    assert_runs_as_onnxruntime,
+    conv,
+    conv_kernels,
+    kernel_graph,
+    matmul_kernels,
+    unmerged_graph,
+    weight,
+)
 
 import tvmsched
 from tvmsched import frontend
 from tvmsched.graph import extract
 from tvmsched.lower import lower
-from tvmsched.merge_choice import MergeChoice, as_computed, groups_module, parallel_groups
+from tvmsched.merge_choice import MergeChoice, group_modules
 from tvmsched.merge_kernels import Lowered, group_kernels
 from tvmsched.merge_products import matmul_groups, merge_matmuls
 from tvmsched.rewrite import prepared
@@ -101,11 +109,10 @@ def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_
     heads, as the model's kernels; they are all found in the model's graph."""
     model = attention()
     module = relax_of(model)
-    groups = parallel_groups(module)
-    assert [len(group) for group in groups] == [3]
     spec = resolve_target("llvm")
-    members = as_computed(prepared(groups_module(module, groups), precision, "nchw", spec))
-    lowered = Lowered(*extract(lower(members), ["group0"]))
+    modules = group_modules(module, lambda part: prepared(part, precision, "nchw", spec))
+    assert [len(group) for group in modules.groups] == [3]
+    lowered = Lowered(*extract(modules.members, ["group0"]))
     full = Lowered(*extract(lower(prepared(module, precision, "nchw", spec)), ["x"]))
     products = [kind for kind in lowered.graph.kernels if "matmul" in kind.op_kinds]
     assert len(products) == 3 and sorted(kernel.op_kinds for kernel in lowered.graph.kernels
@@ -119,8 +126,8 @@ def time_groups(monkeypatch, convolutions_merged_ms: float, products_merged_ms: 
     """`attention_and_convolutions`' groups timed 2.0 ms apart and as given merged."""
     from tvmsched import api
 
-    def latencies(module, *args) -> tuple[float, ...]:
-        if module["main"].script().count("R.nn.conv2d(") == 2:
+    def latencies(lowered, *args) -> tuple[float, ...]:
+        if conv_kernels(kernel_graph(lowered)) == 2:
             return (2.0, 2.0)
         return (convolutions_merged_ms, products_merged_ms)
     monkeypatch.setattr(api, "alternative_ms", latencies)

@@ -29,7 +29,7 @@ from tvmsched.layout import chosen
 from tvmsched.load_plan import LoadPlan, plan_load, time_reloads
 from tvmsched.lower import LoweredModule, kernel_module, lower
 from tvmsched.merge import Merged
-from tvmsched.merge_choice import MergeChoice, choose_merges, chosen_in_dp
+from tvmsched.merge_choice import GroupModules, MergeChoice, choose_merges, chosen_in_dp, group_modules
 from tvmsched.merge_kernels import Lowered
 from tvmsched.pinned import pin_mapping
 from tvmsched.plan import ExecutionPlan, make_plan
@@ -212,18 +212,19 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
 
     def in_build(part: tvm.IRModule) -> tvm.IRModule:
         return prepared(part, precision, layout, spec)
+    modules = group_modules(relax_module, in_build) if merge == "auto" else None
     choices = ()
-    if merge == "auto":
+    if modules is not None:
         progress("choosing the groups to merge (each timed merged and not)")
-        choices = choose_merges(relax_module, in_build,
-                                lambda part: alternative_ms(part, spec, logs, kernels, cost))
+        choices = choose_merges(modules, lambda part: alternative_ms(part, spec, logs, kernels, cost))
     if not choices:
         return _ready(built(rewrite(relax_module, precision, layout, merge, spec=spec)))
     gpu = _has_gpu(spec)
     plain = built(Merged(in_build(relax_module), choices=choices)) if gpu else None
     if schedule == "dp":
         progress("weighing each group merged inside dp's search of the unmerged model (IOS-Both)")
-        choices = _chosen_in_dp(relax_module, choices, plain, in_build, [item.name for item in inputs], cost,
+        choices = _chosen_in_dp(modules, choices, plain, relax_module, in_build,
+                                [item.name for item in inputs], cost,
                                 dict(max_streams=max_streams, **schedule_options))
     if plain is None:
         return _ready(built(rewrite(relax_module, precision, layout, merge, choices, spec)))
@@ -252,18 +253,18 @@ def _merge_candidates(choices: tuple[MergeChoice, ...]) -> list[tuple[str, tuple
     return [("dp", choices)] + [("own", own)] * differs
 
 
-def _chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], plain: CompiledModel | None,
-                  in_build: Callable[[tvm.IRModule], tvm.IRModule], input_names: list[str], cost: str | None,
-                  options: dict) -> tuple[MergeChoice, ...]:
+def _chosen_in_dp(modules: GroupModules, choices: tuple[MergeChoice, ...], plain: CompiledModel | None,
+                  module: tvm.IRModule, in_build: Callable[[tvm.IRModule], tvm.IRModule],
+                  input_names: list[str], cost: str | None, options: dict) -> tuple[MergeChoice, ...]:
     """`merge_choice.chosen_in_dp` on the unmerged model: `plain`'s graph with its cost source `cost` (the
-    GPU's measurements by default), or without a GPU (no `plain`) the analytic cost of its graph."""
+    GPU's measurements by default), or without a GPU (no `plain`) the analytic cost of the graph of
+    `module` rewritten by `in_build`."""
     scheduler = create_scheduler("dp", **options)
     if plain is None:
         model = Lowered(*extract(lower(in_build(module)), input_names))
-        return chosen_in_dp(module, choices, model, AnalyticCost(model.graph), scheduler, in_build)
+        return chosen_in_dp(modules, choices, model, AnalyticCost(model.graph), scheduler)
     with plain.cost_model(cost, options["max_streams"]) as cost_model:
-        return chosen_in_dp(module, choices, Lowered(plain.graph, plain.constants), cost_model, scheduler,
-                            in_build)
+        return chosen_in_dp(modules, choices, Lowered(plain.graph, plain.constants), cost_model, scheduler)
 
 
 def _ready(model: CompiledModel) -> CompiledModel:
@@ -286,7 +287,7 @@ def whole_model_check(candidates: list[tuple[str, CompiledModel]]) -> CompiledMo
     for name, model in candidates:
         with model:  # one executor at a time, closed after its benchmark
             times.append((name, model.benchmark()["median_ms"]))
-    kept = min(zip(times, (model for _, model in candidates)), key=lambda pair: pair[0][1])[1]
+    _, kept = candidates[min(range(len(times)), key=lambda index: times[index][1])]
     return kept.with_meta(replace(kept.meta, merge_check=tuple(times)))
 
 
@@ -319,14 +320,14 @@ def _compiled_kernels(lowered: LoweredModule, graph: KernelGraph, spec: TargetSp
     return built, graph.with_workspace(built.workspace), used
 
 
-def alternative_ms(module: tvm.IRModule, spec: TargetSpec, logs: list, kernels: str, cost: str | None = None
+def alternative_ms(lowered: LoweredModule, spec: TargetSpec, logs: list, kernels: str, cost: str | None = None
                    ) -> tuple[float, ...]:
-    """Per parameter of a rewritten `module`'s `main` (the groups of a merge choice), dp's stage sum (ms)
-    for the kernels that depend on it: its kernels compiled and chosen (`kernels`) as a model's and its
-    stages timed on the GPU; without the GPU or where the build's `cost` is "analytic" (so that dp weighs
-    the groups in the units of its other stages), the analytic cost's model of its uncompiled kernels."""
-    lowered = lower(module)
-    names = [param.name for param in module["main"].params]
+    """Per parameter of a lowered module's `main` (the groups of a merge choice,
+    `merge_choice.GroupModules`), dp's stage sum (ms) for the kernels that depend on it: its kernels
+    compiled and chosen (`kernels`) as a model's and its stages timed on the GPU; without the GPU or where
+    the build's `cost` is "analytic" (so that dp weighs the groups in the units of its other stages), the
+    analytic cost's model of its uncompiled kernels."""
+    names = [param.name for param in lowered.module["main"].params]
     graph, constants = extract(lowered, names)
     if not _has_gpu(spec) or cost == "analytic":
         return _part_latencies(graph, names, AnalyticCost(graph))

@@ -7,11 +7,11 @@ The groups (`parallel_groups`: `merge.convolution_groups`, then `merge_products.
 together in two modules, each group reading a parameter of its own: one holds the members, each with the
 element-wise epilogue that follows it in the model (`tvmsched.epilogues`), and the concat that joins
 exactly their results where there is one; the other is the same module merged (`merge.merge_convolutions`,
-`merge_products.merge_matmuls`). The build's `latencies` lowers, compiles and times
-each module as it does the model and returns, per parameter, dp's stage sum for the kernels that depend on
-it. The epilogues keep each member's kernel the model's kernel, so its tuning records and vendor plans
-apply; a slice that the model's concat of several branches would absorb is a copy here, which leans the
-choice towards not merging.
+`merge_products.merge_matmuls`), each rewritten and lowered as the model is, once (`group_modules`). The
+build's `latencies` compiles and times each module as it does the model and returns, per parameter, dp's
+stage sum for the kernels that depend on it. The epilogues keep each member's kernel the model's kernel,
+so its tuning records and vendor plans apply; a slice that the model's concat of several branches would
+absorb is a copy here, which leans the choice towards not merging.
 
 `chosen_in_dp` then lets dp weigh each group in context (IOS-Both proper): dp's search of the unmerged
 model's kernel graph (`DynamicProgrammingScheduler.merge_search`), where a stage made of exactly a group's
@@ -30,7 +30,7 @@ from tvm import relax
 from tvmsched.cost import CostModel
 from tvmsched.epilogues import Bindings, renamed
 from tvmsched.graph import extract
-from tvmsched.lower import is_op, lower
+from tvmsched.lower import LoweredModule, is_op, lower
 from tvmsched.merge import Convolution, Member, convolution_groups, merge_convolutions
 from tvmsched.merge_kernels import Lowered, group_kernels
 from tvmsched.merge_products import matmul_groups, merge_matmuls
@@ -67,19 +67,36 @@ class MergeChoice:
                    data.get("kind", "conv2d"))
 
 
-def choose_merges(module: tvm.IRModule, prepared: Callable[[tvm.IRModule], tvm.IRModule],
-                  latencies: Callable[[tvm.IRModule], tuple[float, ...]]) -> tuple[MergeChoice, ...]:
-    """For each group of `parallel_groups(module)`, in order, the latency of its members and merged, from
-    `latencies` (per parameter of a module's `main`) of `groups_module` and of it merged, each rewritten by
-    `prepared` as the model is (`as_computed`)."""
+@dataclass(frozen=True)
+class GroupModules:
+    """A model's groups (`parallel_groups`) costed apart, each reading a parameter of its own: the members
+    (`groups_module`) and them merged, each rewritten as the model is, as computed (`as_computed`) and
+    lowered; `choose_merges` times both, `chosen_in_dp` finds the members' kernels in the model."""
+
+    groups: tuple[tuple[Member, ...], ...]
+    members: LoweredModule
+    merged: LoweredModule
+
+
+def group_modules(module: tvm.IRModule, prepared: Callable[[tvm.IRModule], tvm.IRModule]
+                  ) -> GroupModules | None:
+    """The `GroupModules` of `module`, rewritten by `prepared`; None where it has no group."""
     groups = parallel_groups(module)
     if not groups:
-        return ()
+        return None
     members = groups_module(module, groups)
     merged = merge_matmuls(merge_convolutions(members)[0])[0]
-    alone, together = (latencies(as_computed(prepared(part))) for part in (members, merged))
+    return GroupModules(tuple(map(tuple, groups)),
+                        *(lower(as_computed(prepared(part))) for part in (members, merged)))
+
+
+def choose_merges(modules: GroupModules, latencies: Callable[[LoweredModule], tuple[float, ...]]
+                  ) -> tuple[MergeChoice, ...]:
+    """For each group, in order, the latency of its members and merged, from `latencies` (per parameter of
+    a lowered module's `main`) of the two modules."""
+    alone, together = latencies(modules.members), latencies(modules.merged)
     return tuple(MergeChoice(len(group), *times, kind=_kind(group))
-                 for group, *times in zip(groups, alone, together))
+                 for group, *times in zip(modules.groups, alone, together))
 
 
 def parallel_groups(module: tvm.IRModule) -> list[list[Member]]:
@@ -88,20 +105,19 @@ def parallel_groups(module: tvm.IRModule) -> list[list[Member]]:
     return [*convolution_groups(module), *matmul_groups(module)]
 
 
-def _kind(group: list[Member]) -> str:
+def _kind(group: tuple[Member, ...]) -> str:
     return "conv2d" if isinstance(group[0], Convolution) else "matmul"
 
 
-def chosen_in_dp(module: tvm.IRModule, choices: tuple[MergeChoice, ...], model: Lowered, cost: CostModel,
-                 scheduler: DynamicProgrammingScheduler, prepared: Callable[[tvm.IRModule], tvm.IRModule]
-                 ) -> tuple[MergeChoice, ...]:
-    """`choices` (of `choose_merges(module)`) with `dp_merged` set for each group that `scheduler`'s IOS-Both
-    search of `model` (`module` unmerged, rewritten by `prepared` and lowered) with `cost` weighed: whether
-    it ran a stage of the group's kernels (`group_kernels`) merged. A group whose kernels were not found,
-    or fell in two parts of a block too large to search whole, keeps its own choice."""
-    members = as_computed(prepared(groups_module(module, parallel_groups(module))))
-    lowered = Lowered(*extract(lower(members), [param.name for param in members["main"].params]))
-    found = group_kernels(lowered, model)
+def chosen_in_dp(modules: GroupModules, choices: tuple[MergeChoice, ...], model: Lowered, cost: CostModel,
+                 scheduler: DynamicProgrammingScheduler) -> tuple[MergeChoice, ...]:
+    """`choices` (of `choose_merges(modules)`) with `dp_merged` set for each group that `scheduler`'s
+    IOS-Both search of `model` (the unmerged model, rewritten and lowered as the modules are) with `cost`
+    weighed: whether it ran a stage of the group's kernels (`group_kernels`) merged. A group whose kernels
+    were not found, or fell in two parts of a block too large to search whole, keeps its own choice."""
+    members = modules.members
+    found = group_kernels(Lowered(*extract(members, [param.name for param in members.module["main"].params])),
+                          model)
     options = tuple(MergeOption(index, kernels, choice.merged_ms)
                     for index, (kernels, choice) in enumerate(zip(found, choices)) if kernels)
     if not options:
@@ -226,9 +242,9 @@ def _model_outputs(main: relax.Function, bindings: Bindings) -> set:
 def _emit_group(builder: relax.BlockBuilder, group: list[Member], parameter: relax.Var,
                 bindings: Bindings) -> list[tuple[relax.Var, relax.Var]]:
     """Emit the group's members with their epilogues and the moves after those (`Bindings.moves`; and the
-    constants those read), and the concat that
-    joins exactly their results if there is one, reading `parameter` for the shared input; for each result
-    the group computes for the rest of the model, its variable in the model and the one emitted."""
+    constants those read), and the concat that joins exactly their results if there is one, reading
+    `parameter` for the shared input; for each result the group computes for the rest of the model, its
+    variable in the model and the one emitted."""
     kept, ends = set(), []
     for member in group:
         chain = [member.var] + [binding.var for binding in bindings.chain(member.var)]
