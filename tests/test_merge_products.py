@@ -29,17 +29,23 @@ from tvmsched.target import resolve_target
 SEQUENCE, WIDTH, HEADS = 8, 16, 2
 
 
-def attention_nodes(source: str, output: str) -> tuple[list, dict]:
+def attention_nodes(source: str, output: str, scaled: bool = False) -> tuple[list, dict]:
     """One self-attention of `source` (1, SEQUENCE, WIDTH) as BERT's: query, key and value projections with
-    bias, each reshaped and transposed into heads, the scores' softmax and the heads joined again."""
+    bias, each reshaped and transposed into heads (the query and key then `scaled` by the root of the
+    scale, as PyTorch exports scaled dot-product attention), the scores' softmax and the heads joined
+    again."""
     head = WIDTH // HEADS
     nodes, constants = [], {"heads": np.array([1, SEQUENCE, HEADS, head], "int64"),
-                            "joined": np.array([1, SEQUENCE, WIDTH], "int64")}
+                            "joined": np.array([1, SEQUENCE, WIDTH], "int64"),
+                            "scale": np.array(head ** -0.25, "float32")}
     for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
         nodes += [helper.make_node("MatMul", [source, f"w{name}"], [f"{name}0"]),
                   helper.make_node("Add", [f"{name}0", f"b{name}"], [f"{name}1"]),
                   helper.make_node("Reshape", [f"{name}1", "heads"], [f"{name}2"]),
-                  helper.make_node("Transpose", [f"{name}2"], [f"{name}3"], perm=perm)]
+                  helper.make_node("Transpose", [f"{name}2"], [f"{name}3" + "t" * (scaled and name != "v")],
+                                   perm=perm)]
+        if scaled and name != "v":
+            nodes.append(helper.make_node("Mul", [f"{name}3t", "scale"], [f"{name}3"]))
         constants |= {f"w{name}": weight(WIDTH, WIDTH), f"b{name}": weight(WIDTH)}
     nodes += [helper.make_node("MatMul", ["q3", "k3"], ["scores"]),
               helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
@@ -49,8 +55,8 @@ def attention_nodes(source: str, output: str) -> tuple[list, dict]:
     return nodes, constants
 
 
-def attention():
-    nodes, constants = attention_nodes("x", "y")
+def attention(scaled: bool = False):
+    nodes, constants = attention_nodes("x", "y", scaled)
     return make_model(nodes, [tensor("x", [1, SEQUENCE, WIDTH])], [tensor("y", [1, SEQUENCE, WIDTH])],
                       constants)
 
@@ -103,11 +109,13 @@ def test_only_the_kept_groups_of_products_merge(kept):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_the_model(precision):
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_the_model(precision, scaled):
     """The groups module, rewritten as the model is and as computed (`as_computed`: the transposes into heads
     are the model's own and stay), holds each product with its bias and its reshape and transpose into
-    heads, as the model's kernels; they are all found in the model's graph."""
-    model = attention()
+    heads (and the scale after them, which FuseOps fuses with the transpose), as the model's kernels; they
+    are all found in the model's graph."""
+    model = attention(scaled)
     module = relax_of(model)
     spec = resolve_target("llvm")
     modules = group_modules(module, lambda part: prepared(part, precision, "nchw", spec))
@@ -115,11 +123,27 @@ def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_
     lowered = Lowered(*extract(modules.members, ["group0"]))
     full = Lowered(*extract(lower(prepared(module, precision, "nchw", spec)), ["x"]))
     products = [kind for kind in lowered.graph.kernels if "matmul" in kind.op_kinds]
+    scaled_heads = 2 * scaled  # the query's and the key's
+    moves = [("reshape", "transpose", "multiply")] * scaled_heads
+    moves += [("reshape", "transpose")] * (3 - scaled_heads)
     assert len(products) == 3 and sorted(kernel.op_kinds for kernel in lowered.graph.kernels
-                                         if kernel not in products) == [("reshape", "transpose")] * 3
+                                         if kernel not in products) == sorted(moves)
     [found] = group_kernels(lowered, full)
     assert sorted(full.graph.kernels[kernel].op_kinds for kernel in found) == sorted(
         kernel.op_kinds for kernel in lowered.graph.kernels)
+
+
+def test_scaled_heads_are_sliced_in_the_kernel_that_scales_them():
+    """PyTorch's export scales the query and key heads after their transposes: merged, each slice fuses with
+    its reshape, transpose and scale, so merging adds no kernel."""
+    model = attention(scaled=True)
+    compiled = tvmsched.compile(model, target="llvm", merge="all")
+    sliced = sorted(kernel.op_kinds for kernel in compiled.graph.kernels
+                    if "strided_slice" in kernel.op_kinds)
+    assert sliced == [("strided_slice", "reshape", "transpose")] + [
+        ("strided_slice", "reshape", "transpose", "multiply")] * 2
+    assert len(compiled.graph.kernels) == len(unmerged_graph(model).kernels) - 2
+    assert_runs_as_onnxruntime(compiled, model, ("greedy", "dp"))
 
 
 def time_groups(monkeypatch, convolutions_merged_ms: float, products_merged_ms: float) -> None:

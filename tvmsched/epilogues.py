@@ -18,6 +18,9 @@ EPILOGUE_OPS = frozenset({"relax.add", "relax.subtract", "relax.multiply", "rela
                           "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
                           "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.nn.batch_norm"})
 
+# The epilogue ops computed element by element, which FuseOps also fuses after a move.
+ELEMENTWISE_OPS = EPILOGUE_OPS - {"relax.nn.batch_norm"}
+
 # Ops that only move a tensor's elements, fused into one kernel with the slice or copy before them.
 MOVE_OPS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
                       "relax.flatten"})
@@ -54,11 +57,14 @@ class Bindings:
         return chain
 
     def moves(self, var: relax.Var) -> list:
-        """The bindings after `var` that only move its elements (`MOVE_OPS`: BERT's reshape and transpose of
-        a projection into heads), in order, each the one live user of the one before. A slice of a merged
-        result fuses with them in the model; timed with them, a group's slices are not counted as copies."""
-        moves = []
-        while len(following := self.users.get(var.__chandle__(), [])) == 1 and self._moves(following[0], var):
+        """The bindings after `var` that FuseOps fuses into one kernel with a slice of it: those that only
+        move its elements (`MOVE_OPS`: BERT's reshape and transpose of a projection into heads) and the
+        element-wise ops with constants after them (the attention's scale, as PyTorch exports it), in order,
+        each the one live user of the one before. A slice of a merged result fuses with them in the model;
+        timed with them, a group's slices are not counted as copies, and its kernels are the model's."""
+        moves: list = []
+        while len(following := self.users.get(var.__chandle__(), [])) == 1 and (
+                self._moves(following[0], var) or (moves and self._elementwise(following[0], var))):
             moves.append(following[0])
             var = following[0].var
         return moves
@@ -73,13 +79,17 @@ class Bindings:
         if len(following) != 1:
             return None
         binding = following[0]
+        if isinstance(binding.value, relax.TupleGetItem):
+            return binding if binding.value.index == 0 else None
+        return binding if self._elementwise(binding, var, EPILOGUE_OPS) else None
+
+    def _elementwise(self, binding, var: relax.Var, ops: frozenset = ELEMENTWISE_OPS) -> bool:
+        """Whether `binding` applies one of `ops` to `var` and constants alone."""
         value = binding.value
-        if isinstance(value, relax.TupleGetItem):
-            return binding if value.index == 0 else None
-        if not any(is_op(value, name) for name in EPILOGUE_OPS):
-            return None
+        if not any(is_op(value, name) for name in ops):
+            return False
         others = [other for other in relax.analysis.free_vars(value) if not other.same_as(var)]
-        return binding if all(other.__chandle__() in self.constant for other in others) else None
+        return all(other.__chandle__() in self.constant for other in others)
 
     def constant_operands(self, kept: set) -> set:
         """The constant variables (by object) that the `kept` bindings read, directly or through others."""
