@@ -322,6 +322,9 @@ def test_build_merge_auto_prints_each_group_choice(saved, capsys):
     # the 1x1 padded to 3x3 does more work merged: the analytic cost keeps the pair apart
     assert "2 convolutions of one tensor:" in err and "kept apart" in err
     assert "merged 0 convolutions into 0" in err
+    assert main(["build", str(saved / "branchy.onnx"), "-o", str(saved / "auto_dp"), "--batch", "1",
+                 "--target", "llvm", "--merge", "auto", "--schedule", "dp"]) == 0
+    assert "; dp's search of the whole model keeps it apart" in capsys.readouterr().err
 
 
 def test_tune_merge_tunes_the_merged_kernels(saved, monkeypatch):

@@ -180,7 +180,7 @@ def test_the_whole_model_check_weighs_dps_choice_and_each_groups_own(monkeypatch
                                                                        dp_merges, times, check, kept):
     """On a GPU, dp's choice, each group's own (`time_groups`: the 1x1 pair merged) where it differs, and
     the unmerged model are built and benchmarked whole; the fastest is kept, its meta saying what it
-    merged and every candidate's time."""
+    merged, every candidate's time, and what dp's search chose."""
     from test_merge import time_groups
 
     from tvmsched import api
@@ -196,6 +196,7 @@ def test_the_whole_model_check_weighs_dps_choice_and_each_groups_own(monkeypatch
     compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="dp")
     assert compiled.meta.merge_check == check
     assert compiled.meta.merged_convolutions == kept
-    if kept:  # the kept model's choices are those it was built with
-        assert tuple(choice.members for choice in compiled.meta.merge_choices if choice.merged) == kept
+    # whatever the check kept, the choices hold dp's decisions and each group's own timing
+    assert tuple(choice.dp_merged for choice in compiled.meta.merge_choices) == dp_merges
+    assert [choice.faster_merged for choice in compiled.meta.merge_choices] == [False, True]  # 3x3, 1x1
     assert_runs_as_onnxruntime(compiled, model)

@@ -76,7 +76,8 @@ class ModelMeta:
     merge: str = "off"  # which convolutions and matmuls reading one tensor were merged (`rewrite.MERGES`)
     merged_convolutions: tuple[int, ...] = ()  # how many convolutions each merged one replaced
     merged_matmuls: tuple[int, ...] = ()  # how many matmuls each merged one replaced
-    merge_choices: tuple[MergeChoice, ...] = ()  # with merge "auto", what each group measured
+    # with merge "auto", what each group measured and what dp's search chose (built: merged_*, merge_check)
+    merge_choices: tuple[MergeChoice, ...] = ()
     merge_check: tuple[tuple[str, float], ...] = ()  # with merge "auto": each candidate's name and ms
 
     def to_json(self) -> dict:
@@ -233,11 +234,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         merged = rewrite(relax_module, precision, layout, merge, candidate, spec)
         if merged.convolutions or merged.matmuls:
             candidates.append((name, built(merged)))
-    plain = plain.with_meta(replace(plain.meta, merge_choices=choices))
-    if not candidates:
-        return _ready(plain)
-    progress("checking the merged models against the unmerged one (each built, scheduled and timed)")
-    return _ready(whole_model_check([*candidates, ("unmerged", plain)]))
+    if candidates:
+        progress("checking the merged models against the unmerged one (each built, scheduled and timed)")
+        plain = whole_model_check([*candidates, ("unmerged", plain)])
+    return _ready(plain.with_meta(replace(plain.meta, merge_choices=choices)))
 
 
 def _merge_candidates(choices: tuple[MergeChoice, ...]) -> list[tuple[str, tuple[MergeChoice, ...]]]:

@@ -454,9 +454,10 @@ def _compiled(args):
         convolutions, matmuls = model.meta.merged_convolutions, model.meta.merged_matmuls
         for choice in model.meta.merge_choices:
             kind = "convolutions" if choice.kind == "conv2d" else "matmuls"
+            dp = {True: "merges it", False: "keeps it apart"}.get(choice.dp_merged)
             console.print(f"  {choice.members} {kind} of one tensor: {choice.members_ms:.4f} ms, merged "
-                          f"{choice.merged_ms:.4f} ms: {'merged' if choice.merged else 'kept apart'}"
-                          + (" (dp's search of the whole model)" if choice.dp_merged is not None else ""))
+                          f"{choice.merged_ms:.4f} ms: {'merged' if choice.faster_merged else 'kept apart'}"
+                          + (f"; dp's search of the whole model {dp}" if dp else ""))
         if model.meta.merge_check:
             names = {"dp": "dp's choice", "own": "each group's own choice"}
             times = [(names.get(name, name), ms) for name, ms in model.meta.merge_check]

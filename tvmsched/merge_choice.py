@@ -44,8 +44,9 @@ MODEL_OUTPUTS = "tvmsched_model_outputs"  # a groups module main's attribute: th
 class MergeChoice:
     """One group of convolutions or matrix products (`kind`: "conv2d" or "matmul") reading one tensor: how
     many, the latency (ms, dp's stage sum) of its members and of them merged, and what dp's search of the
-    whole model chose (`chosen_in_dp`; None where it did not weigh the group). The group is merged where dp
-    chose so, else where merged is faster."""
+    whole model chose (`chosen_in_dp`; None where it did not weigh the group). `merged`: dp's choice, else
+    the group's own (`faster_merged`); what a build merged is its meta's `merged_*`, since its whole-model
+    check may keep another candidate (`api._merge_candidates`)."""
 
     members: int
     members_ms: float
@@ -54,8 +55,12 @@ class MergeChoice:
     kind: str = "conv2d"
 
     @property
+    def faster_merged(self) -> bool:
+        return self.merged_ms < self.members_ms
+
+    @property
     def merged(self) -> bool:
-        return self.merged_ms < self.members_ms if self.dp_merged is None else self.dp_merged
+        return self.faster_merged if self.dp_merged is None else self.dp_merged
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "members": self.members, "members_ms": self.members_ms,
