@@ -438,18 +438,20 @@ def test_auto_on_a_gpu_times_each_group_in_the_two_modules(monkeypatch, fake_cud
 @pytest.mark.parametrize("merged_ms, plain_ms", [(1.0, 2.0), (2.0, 1.0)])
 def test_auto_keeps_the_merged_model_only_where_its_whole_plan_is_faster(monkeypatch, fake_cuda, tmp_path,
                                                                          merged_ms, plain_ms):
-    """On a GPU, a build that merged some groups is checked whole: the merged and the unmerged model are
-    both built, scheduled and benchmarked, and the faster is kept, with both times in its meta."""
+    """On a GPU, a build that merged some groups is checked whole: the merged, the all-merged and the
+    unmerged model are built, scheduled and benchmarked, and the fastest is kept, with every time in its
+    meta."""
     from tvmsched import api
 
     monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
     monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
     model = two_groups()
     time_groups(monkeypatch, model)
+    times = {(2,): merged_ms, (2, 2): merged_ms + 1.0, (): plain_ms}
     monkeypatch.setattr(api.CompiledModel, "benchmark", lambda self, *args, **kwargs: {
-        "median_ms": merged_ms if self.meta.merged_convolutions else plain_ms})
+        "median_ms": times[self.meta.merged_convolutions]})
     compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="greedy")
-    assert compiled.meta.merge_check == (("own", merged_ms), ("unmerged", plain_ms))
+    assert compiled.meta.merge_check == (("own", merged_ms), ("all", merged_ms + 1.0), ("unmerged", plain_ms))
     assert compiled.meta.merged_convolutions == ((2,) if merged_ms < plain_ms else ())
     assert conv_kernels(compiled.graph) == (3 if merged_ms < plain_ms else 4)
     assert len(compiled.meta.merge_choices) == 2 and compiled.meta.merge == "auto"

@@ -169,18 +169,23 @@ def test_choices_of_schema_1_were_the_groups_own():
 
 
 @pytest.mark.parametrize("dp_merges, times, check, kept", [
-    # dp merged nothing: each group's own choice (the 1x1 pair merged) is the merged candidate
-    ((False, False), {(2,): 1.0, (): 2.0}, (("own", 1.0), ("unmerged", 2.0)), (2,)),
-    ((False, False), {(2,): 3.0, (): 2.0}, (("own", 3.0), ("unmerged", 2.0)), ()),
+    # dp merged nothing: each group's own choice (the 1x1 pair merged) and every group merged are weighed
+    ((False, False), {(2,): 1.0, (2, 2): 1.5, (): 2.0}, (("own", 1.0), ("all", 1.5), ("unmerged", 2.0)),
+     (2,)),
+    ((False, False), {(2,): 3.0, (2, 2): 2.5, (): 2.0}, (("own", 3.0), ("all", 2.5), ("unmerged", 2.0)),
+     ()),
+    ((False, False), {(2,): 1.0, (2, 2): 0.5, (): 2.0}, (("own", 1.0), ("all", 0.5), ("unmerged", 2.0)),
+     (2, 2)),
+    # dp merged both: that is every group, weighed once
     ((True, True), {(2, 2): 1.5, (2,): 1.0, (): 2.0}, (("dp", 1.5), ("own", 1.0), ("unmerged", 2.0)),
      (2,)),
     ((True, True), {(2, 2): 0.5, (2,): 1.0, (): 2.0}, (("dp", 0.5), ("own", 1.0), ("unmerged", 2.0)),
      (2, 2))])
-def test_the_whole_model_check_weighs_dps_choice_and_each_groups_own(monkeypatch, fake_cuda, tmp_path,
-                                                                       dp_merges, times, check, kept):
-    """On a GPU, dp's choice, each group's own (`time_groups`: the 1x1 pair merged) where it differs, and
-    the unmerged model are built and benchmarked whole; the fastest is kept, its meta saying what it
-    merged, every candidate's time, and what dp's search chose."""
+def test_the_whole_model_check_weighs_dps_choice_each_groups_own_and_all(monkeypatch, fake_cuda, tmp_path,
+                                                                          dp_merges, times, check, kept):
+    """On a GPU, dp's choice, each group's own (`time_groups`: the 1x1 pair merged) and every group merged,
+    each where it differs from those before, and the unmerged model are built and benchmarked whole; the
+    fastest is kept, its meta saying what it merged, every candidate's time, and what dp's search chose."""
     from test_merge import time_groups
 
     from tvmsched import api

@@ -352,8 +352,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "auto only the groups that run faster merged, each timed merged and not on the "
                              "GPU (the analytic cost without one); with --schedule dp, those that dp's "
                              "search of the unmerged model runs merged (IOS-Both); then on the GPU the "
-                             "unmerged model, dp's choice and each group's own are built and the one whose "
-                             "plan runs fastest kept; off none (default off; --merge alone: all)")
+                             "unmerged model, dp's choice, each group's own and (where one merges) every "
+                             "group merged are built and the one whose plan runs fastest kept; off none "
+                             "(default off; --merge alone: all)")
 
 
 def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -459,7 +460,7 @@ def _compiled(args):
                           f"{choice.merged_ms:.4f} ms: {'merged' if choice.faster_merged else 'kept apart'}"
                           + (f"; dp's search of the whole model {dp}" if dp else ""))
         if model.meta.merge_check:
-            names = {"dp": "dp's choice", "own": "each group's own choice"}
+            names = {"dp": "dp's choice", "own": "each group's own choice", "all": "every group merged"}
             times = [(names.get(name, name), ms) for name, ms in model.meta.merge_check]
             console.print("  the whole model: " + ", ".join(f"{name} {ms:.4f} ms" for name, ms in times)
                           + f": kept {min(times, key=lambda pair: pair[1])[0]}")
