@@ -312,11 +312,18 @@ def assert_two_choices_made(meta) -> tuple[MergeChoice, ...]:
     """`meta` (of `two_groups` built with merge "auto") holds two timed choices and merged as they say."""
     choices = meta.merge_choices
     assert len(choices) == 2 and all(choice.members_ms > 0 and choice.merged_ms > 0 for choice in choices)
-    chosen = tuple(choice.members for choice in choices if choice.merged)
-    # on a GPU, a build that merged is checked whole against the unmerged one, and the faster kept
-    kept_merged = not meta.merge_check or min(meta.merge_check, key=lambda pair: pair[1])[0] != "unmerged"
-    assert meta.merged_convolutions == (chosen if kept_merged else ())
+    assert meta.merged_convolutions == merged_as_kept(meta)
     return choices
+
+
+def merged_as_kept(meta) -> tuple[int, ...]:
+    """The sizes of the groups a `--merge auto` build merges by its choices: as dp's search chose (each
+    group's own choice where it did not weigh the group), or where its whole-model check kept another
+    candidate (on a GPU), as that one merges."""
+    kept = min(meta.merge_check, key=lambda pair: pair[1])[0] if meta.merge_check else "dp"
+    merges = {"dp": lambda choice: choice.merged, "own": lambda choice: choice.faster_merged,
+              "all": lambda choice: True, "unmerged": lambda choice: False}[kept]
+    return tuple(choice.members for choice in meta.merge_choices if merges(choice))
 
 
 def test_auto_without_a_gpu_chooses_by_the_analytic_cost_and_the_build_records_it(tmp_path):

@@ -456,8 +456,9 @@ def _compiled(args):
         for choice in model.meta.merge_choices:
             kind = "convolutions" if choice.kind == "conv2d" else "matmuls"
             dp = {True: "merges it", False: "keeps it apart"}.get(choice.dp_merged)
+            alone = "merged" if choice.faster_merged else "apart"
             console.print(f"  {choice.members} {kind} of one tensor: {choice.members_ms:.4f} ms, merged "
-                          f"{choice.merged_ms:.4f} ms: {'merged' if choice.faster_merged else 'kept apart'}"
+                          f"{choice.merged_ms:.4f} ms: faster {alone} alone"
                           + (f"; dp's search of the whole model {dp}" if dp else ""))
         if model.meta.merge_check:
             names = {"dp": "dp's choice", "own": "each group's own choice", "all": "every group merged"}

@@ -44,9 +44,9 @@ MODEL_OUTPUTS = "tvmsched_model_outputs"  # a groups module main's attribute: th
 class MergeChoice:
     """One group of convolutions or matrix products (`kind`: "conv2d" or "matmul") reading one tensor: how
     many, the latency (ms, dp's stage sum) of its members and of them merged, and what dp's search of the
-    whole model chose (`chosen_in_dp`; None where it did not weigh the group). `merged`: dp's choice, else
-    the group's own (`faster_merged`); what a build merged is its meta's `merged_*`, since its whole-model
-    check may keep another candidate (`api._merge_candidates`)."""
+    whole model chose (`dp_merged`, set by `chosen_in_dp`; None where it did not weigh the group). `merged`:
+    dp's choice, else the group's own (`faster_merged`); what a build merged is its meta's `merged_*`, since
+    its whole-model check may keep another candidate (`api._merge_candidates`)."""
 
     members: int
     members_ms: float
@@ -217,8 +217,8 @@ def _as_computed(var: relax.Expr, bindings: Bindings) -> relax.Expr:
 
 def groups_module(module: tvm.IRModule, groups: list[list[Member]]) -> tvm.IRModule:
     """A module whose `main` takes one parameter per group, its shared input, and returns each member's
-    result after the element-wise epilogue that follows it in `module`, or the concat of those results
-    where one concat joins exactly them."""
+    result after the element-wise epilogue and the moves that follow it in `module` (`Bindings.chain`,
+    `Bindings.moves`), or the concat of those results where one concat joins exactly them."""
     bindings = Bindings(module["main"])
     outputs = _model_outputs(module["main"], bindings)
     builder = relax.BlockBuilder()
