@@ -431,7 +431,7 @@ def test_auto_on_a_gpu_times_each_group_in_the_two_modules(monkeypatch, fake_cud
     from tvmsched import api
 
     monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
-    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    monkeypatch.setattr(api, "on_gpu", lambda spec: True)
     model = two_groups()
     compiled = tvmsched.compile(model, target="llvm", merge="auto")
     choices = assert_two_choices_made(compiled.meta)
@@ -451,7 +451,7 @@ def test_auto_keeps_the_merged_model_only_where_its_whole_plan_is_faster(monkeyp
     from tvmsched import api
 
     monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
-    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    monkeypatch.setattr(api, "on_gpu", lambda spec: True)
     model = two_groups()
     time_groups(monkeypatch, model)
     times = {(2,): merged_ms, (2, 2): merged_ms + 1.0, (): plain_ms}

@@ -136,7 +136,7 @@ def test_dp_weighs_the_groups_on_the_unmerged_model_timed_on_a_gpu(monkeypatch, 
     from tvmsched import api
 
     monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
-    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    monkeypatch.setattr(api, "on_gpu", lambda spec: True)
     model = two_groups()
     compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="dp")
     assert all(choice.dp_merged is not None for choice in compiled.meta.merge_choices)
@@ -153,7 +153,7 @@ def test_with_analytic_costs_on_a_gpu_the_groups_are_not_timed(monkeypatch):
     model = two_groups()
     module = frontend.to_relax(model, frontend.bind_input_shapes(model))
     members = lower(groups_module(module, convolution_groups(module)))
-    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    monkeypatch.setattr(api, "on_gpu", lambda spec: True)
     monkeypatch.setattr(api, "_compiled_kernels", lambda *args: pytest.fail("compiled to be timed"))
     spec = resolve_target("llvm")
     modelled = api.alternative_ms(members, spec, [], "auto", "analytic")
@@ -191,7 +191,7 @@ def test_the_whole_model_check_weighs_dps_choice_each_groups_own_and_all(monkeyp
     from tvmsched import api
 
     monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
-    monkeypatch.setattr(api, "_has_gpu", lambda spec: True)
+    monkeypatch.setattr(api, "on_gpu", lambda spec: True)
     model = two_groups()
     time_groups(monkeypatch, model)
     monkeypatch.setattr(api, "_chosen_in_dp", lambda module, choices, *args: tuple(

@@ -46,6 +46,8 @@ from tvmsched.target import (
     default_executor,
     device_for,
     device_name,
+    gpu_present,
+    on_gpu,
     resolve_target,
     target_device_name,
 )
@@ -177,7 +179,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     layout = chosen(layout, precision, spec.kind)
     merge = _merge_mode(merge)
     check_choice("merge", merge, MERGES)
-    if kernels == "vendor" and not _has_gpu(spec):
+    if kernels == "vendor" and not on_gpu(spec):
         raise TargetError("--kernels vendor chooses vendor plans by running them: it needs a CUDA target and "
                           "its GPU; use --kernels tvm (or auto) here")
     progress("loading the model")
@@ -220,7 +222,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         choices = choose_merges(modules, lambda part: alternative_ms(part, spec, logs, kernels, cost))
     if not choices:
         return _ready(built(rewrite(relax_module, precision, layout, merge, spec=spec)))
-    gpu = _has_gpu(spec)
+    gpu = on_gpu(spec)
     plain = built(Merged(in_build(relax_module), choices=choices)) if gpu else None
     if schedule == "dp":
         progress("weighing each group merged inside dp's search of the unmerged model (IOS-Both)")
@@ -337,7 +339,7 @@ def alternative_ms(lowered: LoweredModule, spec: TargetSpec, logs: list, kernels
     analytic cost's model of its uncompiled kernels."""
     names = [param.name for param in lowered.module["main"].params]
     graph, constants = extract(lowered, names)
-    if not _has_gpu(spec) or cost == "analytic":
+    if not on_gpu(spec) or cost == "analytic":
         return _part_latencies(graph, names, AnalyticCost(graph))
     built, graph, _ = _compiled_kernels(lowered, graph, spec, logs, kernels)
     meta = ModelMeta((), (), spec, tvm.__version__, kernels_hash=built.kernels_hash)
@@ -355,7 +357,7 @@ def _part_latencies(graph: KernelGraph, input_names: list[str], cost: CostModel)
 
 def choose_tactics(model: CompiledModel, kernels: str, progress: Callable[[str], None]) -> Selection:
     """`tactics.select_tactics` for a freshly compiled model, timed on its GPU; TVM alone without one."""
-    if not _has_gpu(model.meta.target):
+    if not on_gpu(model.meta.target):
         return Selection(model.graph, {})
     device = device_for(model.meta.target)
 
@@ -366,11 +368,6 @@ def choose_tactics(model: CompiledModel, kernels: str, progress: Callable[[str],
         progress(f"choosing kernel implementations ({done}/{total} kernels timed)")
     return select_tactics(model.graph, kernels, make_timer, device_name(model.meta.target),
                           model.meta.kernels_hash, model.constants, progress=report)
-
-
-def _has_gpu(spec: TargetSpec) -> bool:
-    """Whether `spec` is a CUDA target and this machine has its GPU (to time kernels and stages on)."""
-    return spec.kind == "cuda" and tvm.cuda(0).exist
 
 
 def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: CostModel, context: dict) -> ExecutionPlan:
@@ -497,7 +494,7 @@ class CompiledModel:
     def cost_model(self, name: str | None = None, max_streams: int = 8) -> CostModel:
         """A stage-latency source for this model's graph (see `reschedule`). Close it when done, e.g. by a
         `with` block: a measured one holds a GPU timer and saves its measurements on closing."""
-        gpu_present = _has_gpu(self.meta.target)
+        gpu_present = on_gpu(self.meta.target)
         name = name or ("measured" if gpu_present else "analytic")
         if name != "measured":
             return create_cost_model(name, self.graph)
@@ -651,7 +648,7 @@ def load(directory: str | Path, executor: str | None = None, batch: int | None =
                             f"create one with: tvmsched build MODEL -o {directory}")
     meta_json = _read_json(directory / "meta.json")
     meta = ModelMeta.from_json(meta_json)
-    if meta.target.kind == "cuda" and not tvm.cuda(0).exist:  # its library would not even load here
+    if meta.target.kind == "cuda" and not gpu_present():  # its library would not even load here
         raise TargetError(f"'{directory}' was built for CUDA ({meta.target.key}) and no CUDA device is "
                           f"present; rebuild with --target llvm to run on the CPU")
     if meta.tvm_version != tvm.__version__ and not force:
@@ -721,7 +718,7 @@ def _check_plan_context(directory: Path, plan: ExecutionPlan, meta: ModelMeta, b
             raise ArtifactError(f"'{directory}' was built for the CPU '{built_cpu}', whose instructions this "
                                 f"CPU ('{local_cpu}') may lack; rebuild it here (or load with force=True / "
                                 f"--force)")
-    if meta.target.kind == "cuda" and tvm.cuda(0).exist and not force:
+    if meta.target.kind == "cuda" and gpu_present() and not force:
         local = resolve_target("cuda").key
         if plan.context.get("target") != local:
             raise ArtifactError(f"'{directory}' was built and scheduled for {plan.context.get('target')} "

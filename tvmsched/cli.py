@@ -636,8 +636,9 @@ def _profile(args) -> None:
 def _plan_load(args) -> None:
     from tvmsched.errors import TargetError
     from tvmsched.load_plan import table, time_reloads
+    from tvmsched.target import gpu_present
 
-    if not _gpu_present():
+    if not gpu_present():
         raise TargetError("plan-load times the model on a GPU, and this machine has none; run it where the "
                           "build runs")
     model = _compiled(args)
@@ -672,14 +673,7 @@ def _plan_load(args) -> None:
         console.print(f"wrote {args.json}")
 
 
-def _gpu_present() -> bool:
-    import tvm
-
-    return tvm.cuda(0).exist
-
-
 def _tune(args) -> None:
-    import tvm
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tvmsched import frontend, zoo
@@ -688,7 +682,7 @@ def _tune(args) -> None:
     from tvmsched.lower import lower
     from tvmsched.rewrite import rewrite
     from tvmsched.tactics.select import vendor_latencies
-    from tvmsched.target import device_name, resolve_target
+    from tvmsched.target import device_name, on_gpu, resolve_target
     from tvmsched.tuning import TuningLog, tune
 
     names = [*args.models, *(zoo.list_models() if args.zoo == ["all"] else args.zoo)]
@@ -705,7 +699,7 @@ def _tune(args) -> None:
                           cost_model=args.cost_model, rpc=args.rpc, workers=args.workers,
                           concurrent=args.concurrent)
     modules, graphs = [], []
-    vendor_plans = spec.kind == "cuda" and tvm.cuda(0).exist and not args.ignore_vendor_plans
+    vendor_plans = on_gpu(spec) and not args.ignore_vendor_plans
     for name in names:
         with console.status(f"{name}: importing and lowering"):
             proto = model_proto(name, args.batch)

@@ -30,7 +30,7 @@ from tvm.s_tir import dlight
 from tvmsched import cpu_schedules, gpu_schedules, nvrtc_source
 from tvmsched.errors import GraphError
 from tvmsched.shared_memory import built_retrying_merged
-from tvmsched.target import TargetSpec, host_cores
+from tvmsched.target import TargetSpec, gpu_present, host_cores
 from tvmsched.windows import is_window_kernel
 
 # dlight's and ours, in the order tried
@@ -225,7 +225,7 @@ def _compile_in_parts(module: tvm.IRModule, spec: TargetSpec, count: int) -> tvm
             executable = tvm.compile(tvm.IRModule({module.get_global_var(symbol): module[symbol]
                                                    for symbol in part}, attrs=module.attrs),
                                      target=spec.tvm_target)
-            if part and (spec.kind != "cuda" or tvm.cuda(0).exist):
+            if part and (spec.kind != "cuda" or gpu_present()):
                 executable[part[0]]
             return executable.mod
 

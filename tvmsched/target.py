@@ -48,11 +48,21 @@ class TargetSpec:
         return cls(data["kind"], data["config"], data["key"])
 
 
+def gpu_present() -> bool:
+    """Whether this machine has a CUDA device that TVM can use."""
+    return tvm.cuda(0).exist
+
+
+def on_gpu(spec: TargetSpec) -> bool:
+    """Whether `spec` is a CUDA target and this machine has its GPU (to run, time and measure on)."""
+    return spec.kind == "cuda" and gpu_present()
+
+
 def resolve_target(name: str) -> TargetSpec:
     """`auto` (cuda if a GPU is present, else llvm), `llvm` (this CPU), `cuda` (the local GPU, else the
     H100), or a TVM tag such as `nvidia/nvidia-a100`."""
     if name == "auto":
-        name = "cuda" if tvm.cuda(0).exist else "llvm"
+        name = "cuda" if gpu_present() else "llvm"
     if name == "llvm":  # this CPU's instructions (without an mcpu, LLVM emits SSE2 alone on x86-64)
         config = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
         return TargetSpec("llvm", config, f"llvm-{platform.machine()}")
@@ -80,8 +90,7 @@ def default_executor(spec: TargetSpec) -> str:
 
 def target_device_name(spec: TargetSpec) -> str:
     """The device a build is made for: the local one if present, else the target key (cross-compiling)."""
-    present = tvm.cuda(0).exist if spec.kind == "cuda" else True
-    return device_name(spec) if present else spec.key
+    return device_name(spec) if spec.kind != "cuda" or gpu_present() else spec.key
 
 
 def device_name(spec: TargetSpec) -> str:

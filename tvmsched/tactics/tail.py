@@ -21,6 +21,7 @@ from tvm import te, tirx
 
 from tvmsched.tactics.library import Tactic, installed
 from tvmsched.tactics.vendor_op import EpilogueOp, VendorOp
+from tvmsched.target import on_gpu
 
 if TYPE_CHECKING:
     from tvmsched.graph import Kernel, KernelGraph
@@ -50,7 +51,7 @@ def tail_symbol(symbol: str) -> str:
 def wanted(kernels: str, spec: TargetSpec) -> bool:
     """Whether a build for `spec` choosing implementations by `kernels` compiles tails: where selection runs
     (a CUDA target with its GPU here) and may choose a library."""
-    return kernels != "tvm" and spec.kind == "cuda" and tvm.cuda(0).exist and bool(installed())
+    return kernels != "tvm" and on_gpu(spec) and bool(installed())
 
 
 def workspace(kernel: Kernel, tactic: Tactic) -> list[tuple[tuple[int, ...], str]]:

@@ -28,7 +28,7 @@ from tvmsched.codegen import anonymous
 from tvmsched.cost.analytic import kernel_alone
 from tvmsched.errors import TargetError, TvmschedError
 from tvmsched.lower import LoweredModule
-from tvmsched.target import TargetSpec, host_cores, target_device_name
+from tvmsched.target import TargetSpec, gpu_present, host_cores, target_device_name
 from tvmsched.tuning.builder import PooledBuilder
 from tvmsched.tuning.defaults import measure_defaults
 from tvmsched.tuning.intrinsics import import_tensor_intrinsics
@@ -226,7 +226,7 @@ def tune(lowered: LoweredModule | Sequence[LoweredModule], spec: TargetSpec, log
         result = TuneResult(log, tasks, settled)
         if not todo:
             return result
-        if spec.kind == "cuda" and not options.rpc and not tvm.cuda(0).exist:
+        if spec.kind == "cuda" and not options.rpc and not gpu_present():
             raise TargetError(f"tuning for {spec.key} measures every candidate on its GPU, and no CUDA "
                               f"device is present here; run `tvmsched tune` on the machine with the GPU, or "
                               f"measure there through a TVM RPC tracker (--rpc HOST:PORT:KEY)")
