@@ -13,7 +13,7 @@ from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.plan import add_waits, make_plan
 from tvmsched.schedule import create_scheduler
 from tvmsched.schedule.base import Schedule
-from tvmsched.schedule.dp import MergeOption, blocks, merged_latency
+from tvmsched.schedule.dp import MergeOption, blocks, merged_sum
 from tvmsched.schedule.greedy import GreedyScheduler
 
 
@@ -95,7 +95,7 @@ def test_merge_search_equals_brute_force_on_small_dags(seed):
     scheduler = create_scheduler("dp", max_streams=3, max_group_size=2, max_groups=3)
     stages, weighed = scheduler.merge_search(graph, cost, options)
     assert weighed == {option.group for option in options}
-    assert merged_latency(stages, cost) == pytest.approx(brute_force(graph, cost, 2, 3, options), rel=1e-9)
+    assert merged_sum(stages, cost) == pytest.approx(brute_force(graph, cost, 2, 3, options), rel=1e-9)
     for stage, option in stages:
         assert option is None or set(stage.kernels) == option.kernels
     order = Schedule.from_stages([stage for stage, _ in stages]).order
@@ -123,7 +123,7 @@ def test_merge_search_reports_its_progress():
     reports = []
     stages, _ = create_scheduler("dp", search_progress=reports.append).merge_search(
         graph, cost, random_options(graph, 9))
-    assert reports[-1]["modeled_ms"] == pytest.approx(merged_latency(stages, cost))
+    assert reports[-1]["modeled_ms"] == pytest.approx(merged_sum(stages, cost))
 
 
 def test_an_option_that_a_split_block_cuts_in_two_is_not_weighed():

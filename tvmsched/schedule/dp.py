@@ -81,7 +81,7 @@ class DynamicProgrammingScheduler(Scheduler):
         for block in blocks(graph):
             for part in self.parts(graph, block):
                 options.append(self._part_options(graph, part, cost))
-                sums.append(tuple(_latency(stages, cost) for stages in options[-1]))
+                sums.append(tuple(stage_sum(stages, cost) for stages in options[-1]))
                 self.stats["modeled_ms"] += min(sums[-1])
                 self.report()
         picks = self._choose(graph, options, sums, cost)
@@ -107,7 +107,7 @@ class DynamicProgrammingScheduler(Scheduler):
                 search = self._search(graph, part, cost, options)
                 weighed |= {option.group for option in search.options.values()}
                 greedy = [(stage, None) for stage in GreedyScheduler(self.max_streams).stages(graph, part)]
-                latency, best = min(((merged_latency(pick, cost), pick) for pick in (search.run(), greedy)),
+                latency, best = min(((merged_sum(pick, cost), pick) for pick in (search.run(), greedy)),
                                     key=lambda pair: pair[0])
                 stages += best
                 self.stats["blocks"] += 1
@@ -120,7 +120,7 @@ class DynamicProgrammingScheduler(Scheduler):
         closed under their producers in `graph` but for graph inputs), as for one part of a graph."""
         self.cost = cost
         self.stats = _counters()
-        return min(_latency(stages, cost) for stages in self._part_options(graph, kernels, cost))
+        return min(stage_sum(stages, cost) for stages in self._part_options(graph, kernels, cost))
 
     def parts(self, graph: KernelGraph, block: list[int]) -> list[list[int]]:
         """`block` split until no part has more than max_states sets to search."""
@@ -196,7 +196,7 @@ class DynamicProgrammingScheduler(Scheduler):
         if chosen.stages is None:
             self.stats.pop("modeled_ms")  # no stages to sum
         elif self.stats["baseline_plan"]:
-            self.stats["modeled_ms"] = _latency(list(chosen.stages), cost)
+            self.stats["modeled_ms"] = stage_sum(list(chosen.stages), cost)
         return chosen
 
     def _baseline_plans(self, graph: KernelGraph, cost: CostModel):
@@ -387,11 +387,12 @@ def _picked(options: list[tuple[list[Stage], list[Stage]]], picks: list[int]) ->
     return [stage for pick, pair in zip(picks, options) for stage in pair[pick]]
 
 
-def _latency(stages: list[Stage], cost: CostModel) -> float:
-    return sum(cost.stage_latency(stage.groups) for stage in stages)
+def stage_sum(stages: list[Stage], cost: CostModel) -> float:
+    """The sum of `stages`' latencies by `cost` (IOS's objective)."""
+    return merged_sum([(stage, None) for stage in stages], cost)
 
 
-def merged_latency(stages: list[tuple[Stage, MergeOption | None]], cost: CostModel) -> float:
+def merged_sum(stages: list[tuple[Stage, MergeOption | None]], cost: CostModel) -> float:
     """The stage sum of `merge_search`'s stages: a merged stage takes its option's `merged_ms`."""
     return sum(option.merged_ms if option else cost.stage_latency(stage.groups) for stage, option in stages)
 
