@@ -319,12 +319,12 @@ def test_build_merge_auto_prints_each_group_choice(saved, capsys):
     assert main(["build", str(saved / "branchy.onnx"), "-o", str(saved / "auto"), "--batch", "1",
                  "--target", "llvm", "--merge", "auto"]) == 0
     err = capsys.readouterr().err
-    # the 1x1 padded to 3x3 does more work merged: the analytic cost keeps the pair apart
-    assert "2 convolutions of one tensor:" in err and "faster apart alone" in err
-    assert "merged 0 convolutions into 0" in err
+    # on an 8x8 image the CPU's analytic cost counts a kernel call for more than the 1x1's padded taps
+    assert "2 convolutions of one tensor:" in err and "faster merged alone" in err
+    assert "merged 2 convolutions into 1" in err
     assert main(["build", str(saved / "branchy.onnx"), "-o", str(saved / "auto_dp"), "--batch", "1",
                  "--target", "llvm", "--merge", "auto", "--schedule", "dp"]) == 0
-    assert "; dp's search of the whole model keeps it apart" in capsys.readouterr().err
+    assert "; dp's search of the whole model merges it" in capsys.readouterr().err
 
 
 def test_tune_merge_tunes_the_merged_kernels(saved, monkeypatch):

@@ -100,16 +100,19 @@ def test_groups_of_one_shape_are_told_apart_by_their_weights():
         assert len(producers) == 1 and reads in graph.kernels[producers.pop()].op_kinds[0]
 
 
-@pytest.mark.parametrize("pointwise_ms, window_ms, merged", [
-    (1e-6, 1e-6, (True, True)),  # both merged: two stages of about nothing
-    (1e-6, 3.0, (False, False)),  # the 1x1 pair alone would merge, but runs beside the 3x3 pair for free
-    (3.0, 3.0, (False, False))])
-def test_dp_merges_the_groups_its_search_runs_merged(monkeypatch, pointwise_ms, window_ms, merged):
+@pytest.mark.parametrize("device, pointwise_ms, window_ms, merged", [
+    ("gpu", 1e-6, 1e-6, (True, True)),  # both merged: two stages of about nothing
+    ("gpu", 1e-6, 3.0, (False, False)),  # the 1x1 pair alone would merge, but runs beside the 3x3 pair free
+    ("gpu", 3.0, 3.0, (False, False)),
+    ("cpu", 1e-6, 3.0, (True, False))])  # one kernel at a time: nothing runs beside anything
+def test_dp_merges_the_groups_its_search_runs_merged(monkeypatch, device, pointwise_ms, window_ms, merged):
     """Each pair timed 2.0 ms apart and `pointwise_ms` (the 1x1 pair) or `window_ms` (the 3x3 pair) merged;
-    dp weighs those against the analytic cost of the whole unmerged model, in which the four convolutions
-    share one stage for about the cost of one."""
+    dp weighs those against the analytic cost of the whole unmerged model: a GPU's, in which the four
+    convolutions share one stage for about the cost of one, or the CPU's, which runs them in turn."""
     from tvmsched import api
+    from tvmsched.cost.analytic import CPU, DeviceModel
 
+    monkeypatch.setattr(api, "device_model", lambda kind: CPU if device == "cpu" else DeviceModel())
     model = two_groups()
     groups = convolution_groups(frontend.to_relax(model, frontend.bind_input_shapes(model)))
     pointwise = [group[0].weight.shape[2] == 1 for group in groups]

@@ -17,7 +17,7 @@ import tvm
 from tvmsched import digests, frontend, measure, nvrtc_source, weights, zoo
 from tvmsched.codegen import anonymous, build_library
 from tvmsched.cost import CostModel, create_cost_model
-from tvmsched.cost.analytic import AnalyticCost
+from tvmsched.cost.analytic import AnalyticCost, device_model
 from tvmsched.cost.measured import MeasuredCost
 from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel, check_choice
 from tvmsched.executor import create_executor
@@ -228,7 +228,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         progress("weighing each group merged inside dp's search of the unmerged model (IOS-Both)")
         choices = _chosen_in_dp(modules, choices, plain, relax_module, in_build,
                                 [item.name for item in inputs], cost,
-                                dict(max_streams=max_streams, **schedule_options))
+                                dict(max_streams=max_streams, **schedule_options), spec)
     if plain is None:
         return _ready(built(rewrite(relax_module, precision, layout, merge, choices, spec)))
     candidates = []
@@ -265,14 +265,16 @@ def _merge_candidates(choices: tuple[MergeChoice, ...]) -> list[tuple[str, tuple
 
 def _chosen_in_dp(modules: GroupModules, choices: tuple[MergeChoice, ...], plain: CompiledModel | None,
                   module: tvm.IRModule, in_build: Callable[[tvm.IRModule], tvm.IRModule],
-                  input_names: list[str], cost: str | None, options: dict) -> tuple[MergeChoice, ...]:
+                  input_names: list[str], cost: str | None, options: dict, spec: TargetSpec
+                  ) -> tuple[MergeChoice, ...]:
     """`merge_choice.chosen_in_dp` on the unmerged model: `plain`'s graph with its cost source `cost` (the
-    GPU's measurements by default), or without a GPU (no `plain`) the analytic cost of the graph of
-    `module` rewritten by `in_build`."""
+    GPU's measurements by default), or without a GPU (no `plain`) the analytic cost (of `spec`'s kind of
+    device) of the graph of `module` rewritten by `in_build`."""
     scheduler = create_scheduler("dp", **options)
     if plain is None:
         model = Lowered(*extract(lower(in_build(module)), input_names))
-        return chosen_in_dp(modules, choices, model, AnalyticCost(model.graph), scheduler)
+        return chosen_in_dp(modules, choices, model, AnalyticCost(model.graph, device_model(spec.kind)),
+                            scheduler)
     with plain.cost_model(cost, options["max_streams"]) as cost_model:
         return chosen_in_dp(modules, choices, Lowered(plain.graph, plain.constants), cost_model, scheduler)
 
@@ -336,11 +338,11 @@ def alternative_ms(lowered: LoweredModule, spec: TargetSpec, logs: list, kernels
     `merge_choice.GroupModules`), dp's stage sum (ms) for the kernels that depend on it: its kernels
     compiled and chosen (`kernels`) as a model's and its stages timed on the GPU; without the GPU or where
     the build's `cost` is "analytic" (so that dp weighs the groups in the units of its other stages), the
-    analytic cost's model of its uncompiled kernels."""
+    analytic cost's model (of the target's kind of device) of its uncompiled kernels."""
     names = [param.name for param in lowered.module["main"].params]
     graph, constants = extract(lowered, names)
     if not on_gpu(spec) or cost == "analytic":
-        return _part_latencies(graph, names, AnalyticCost(graph))
+        return _part_latencies(graph, names, AnalyticCost(graph, device_model(spec.kind)))
     built, graph, _ = _compiled_kernels(lowered, graph, spec, logs, kernels)
     meta = ModelMeta((), (), spec, tvm.__version__, kernels_hash=built.kernels_hash)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": graph.inputs[0].shape[0]}
