@@ -317,13 +317,14 @@ def assert_two_choices_made(meta) -> tuple[MergeChoice, ...]:
 
 
 def merged_as_kept(meta) -> tuple[int, ...]:
-    """The sizes of the groups a `--merge auto` build merges by its choices: as dp's search chose (each
-    group's own choice where it did not weigh the group), or where its whole-model check kept another
-    candidate (on a GPU), as that one merges."""
+    """The sizes of the groups of convolutions (`merged_convolutions`) a `--merge auto` build merges by its
+    choices: as dp's search chose (each group's own choice where it did not weigh the group), or where its
+    whole-model check kept another candidate (on a GPU), as that one merges."""
     kept = min(meta.merge_check, key=lambda pair: pair[1])[0] if meta.merge_check else "dp"
     merges = {"dp": lambda choice: choice.merged, "own": lambda choice: choice.faster_merged,
               "all": lambda choice: True, "unmerged": lambda choice: False}[kept]
-    return tuple(choice.members for choice in meta.merge_choices if merges(choice))
+    return tuple(choice.members for choice in meta.merge_choices
+                 if choice.kind == "conv2d" and merges(choice))
 
 
 def test_auto_without_a_gpu_chooses_by_the_analytic_cost_and_the_build_records_it(tmp_path):

@@ -42,7 +42,7 @@ def test_merge_auto_times_each_group_on_the_gpu():
     proto = two_groups()
     model = tvmsched.compile(proto, target="cuda", merge="auto", schedule="dp")
     choices = assert_two_choices_made(model.meta)
-    # the merged candidates: dp's choice and each group's own
+    # the merged candidates: dp's choice, each group's own and every group merged
     assert bool(model.meta.merge_check) == any(choice.merged or choice.merged_ms < choice.members_ms
                                                for choice in choices)
     inputs = random_inputs(proto)

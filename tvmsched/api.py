@@ -168,7 +168,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     compiled and scheduled as the model's (on the GPU, else by the analytic cost; `tvmsched.merge_choice`),
     and merges the groups that run faster merged, or with `schedule` "dp" those that dp's search of the
     unmerged model runs merged (IOS-Both); on the GPU the unmerged model and, where they differ, dp's
-    choice and each group's own are built, and the one whose plan benchmarks fastest is kept
+    choice, each group's own and every group merged are built, and the one whose plan benchmarks fastest
+    is kept
     (`whole_model_check`); "off" merges nothing (True and False, as before the modes, are all and off).
 
     `progress` is called with the name of each stage as it starts.
@@ -496,11 +497,11 @@ class CompiledModel:
     def cost_model(self, name: str | None = None, max_streams: int = 8) -> CostModel:
         """A stage-latency source for this model's graph (see `reschedule`). Close it when done, e.g. by a
         `with` block: a measured one holds a GPU timer and saves its measurements on closing."""
-        gpu_present = on_gpu(self.meta.target)
-        name = name or ("measured" if gpu_present else "analytic")
+        here = on_gpu(self.meta.target)
+        name = name or ("measured" if here else "analytic")
         if name != "measured":
             return create_cost_model(name, self.graph)
-        if not gpu_present:
+        if not here:
             raise TargetError("measured stage costs need this build's GPU; use cost='analytic' "
                               "(--cost analytic)")
         device = device_for(self.meta.target)

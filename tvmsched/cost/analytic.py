@@ -18,21 +18,21 @@ from tvmsched.graph import KernelGraph
 
 @dataclass(frozen=True)
 class DeviceModel:
-    """Throughputs of the modeled GPU (defaults: an H100 SXM in fp32 without tensor cores)."""
+    """Throughputs of the modeled device (defaults: an H100 SXM in fp32 without tensor cores; `CPU`)."""
 
     peak_flops: float = 60e12
     bandwidth: float = 3.0e12
     launch_ms: float = 0.003
     saturating_flops: float = 2e8  # work a kernel needs to keep every SM busy
     saturating_bytes: float = 2e7
+    min_utilization: float = 0.02  # of the smallest kernel
 
 
 # A CPU runs one kernel at a time on all its cores, so every kernel keeps it busy and a stage lasts the sum
 # of its kernels; a call costs microseconds, and padded work costs its FLOPs (squeezenet's fire modules,
 # their 1x1 expand padded to 3x3, ran 24% slower merged on a 2-core x86 host, where the GPU model merged
 # them). Rough fp32 figures of a few-core x86 host; only their ratios decide.
-CPU = DeviceModel(peak_flops=3e11, bandwidth=3e10, launch_ms=0.005, saturating_flops=1.0,
-                  saturating_bytes=1.0)
+CPU = DeviceModel(peak_flops=3e11, bandwidth=3e10, launch_ms=0.005, min_utilization=1.0)
 
 
 def device_model(kind: str) -> DeviceModel:
@@ -42,7 +42,8 @@ def device_model(kind: str) -> DeviceModel:
 
 def kernel_alone(flops: int, traffic: int, device: DeviceModel = DeviceModel()) -> tuple[float, float]:
     """(milliseconds alone, utilization) of a kernel with `flops` and `traffic` bytes."""
-    utilization = min(1.0, max(flops / device.saturating_flops, traffic / device.saturating_bytes, 0.02))
+    utilization = min(1.0, max(flops / device.saturating_flops, traffic / device.saturating_bytes,
+                               device.min_utilization))
     work_ms = max(flops / device.peak_flops, traffic / device.bandwidth) * 1e3
     return device.launch_ms + work_ms / utilization, utilization
 
