@@ -148,6 +148,22 @@ def test_dp_weighs_the_groups_on_the_unmerged_model_timed_on_a_gpu(monkeypatch, 
     assert_runs_as_onnxruntime(compiled, model)
 
 
+def test_without_a_gpu_the_unmerged_model_weighed_by_dp_is_the_build_where_nothing_merges(monkeypatch):
+    """On the CPU with dp, the unmerged model that dp's search weighs the groups in is lowered once: where
+    no group merges it is the build, the same as with merge "off"."""
+    from tvmsched import api
+
+    model = two_groups()
+    monkeypatch.setattr(api, "alternative_ms", lambda lowered, *args: (
+        (1.0, 1.0) if conv_kernels(kernel_graph(lowered)) == 4 else (3.0, 3.0)))  # merged is slower
+    lowered = []
+    monkeypatch.setattr(api, "lower", lambda module: lowered.append(module) or lower(module))
+    compiled = tvmsched.compile(model, target="llvm", merge="auto", schedule="dp")
+    assert compiled.meta.merged_convolutions == () and len(lowered) == 1
+    assert compiled.graph.hash == tvmsched.compile(model, target="llvm", schedule="dp").graph.hash
+    assert_runs_as_onnxruntime(compiled, model)
+
+
 def test_with_analytic_costs_on_a_gpu_the_groups_are_not_timed(monkeypatch):
     """dp's analytic stage costs and the groups' merged latencies come from one source: with cost "analytic"
     the groups are modelled, not compiled and timed, also where a GPU is present."""

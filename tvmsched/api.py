@@ -193,9 +193,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
     progress("rewriting (" + ", ".join([precision, layout] + [f"merge {merge}"] * (merge != "off")) + ")")
     output_names = [value.name for value in proto.graph.output]
 
-    def built(rewritten: Merged) -> CompiledModel:
+    def built(rewritten: Merged, lowered: LoweredModule | None = None) -> CompiledModel:
+        """`rewritten` compiled and scheduled (`lowered`: its module lowered already)."""
         progress("lowering and fusing")
-        lowered = lower(rewritten.module)
+        lowered = lower(rewritten.module) if lowered is None else lowered
         graph, constants = extract(lowered, [spec.name for spec in inputs])
         progress(f"compiling {len(graph.kernels)} kernels for {spec.key}")
         library, graph, used = _compiled_kernels(lowered, graph, spec, logs, kernels)
@@ -225,13 +226,15 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "auto", batch: in
         return _ready(built(rewrite(relax_module, precision, layout, merge, spec=spec)))
     gpu = on_gpu(spec)
     plain = built(Merged(in_build(relax_module), choices=choices)) if gpu else None
+    unmerged = None  # without a GPU, the unmerged model lowered for dp's search (and the build if it stays)
     if schedule == "dp":
         progress("weighing each group merged inside dp's search of the unmerged model (IOS-Both)")
-        choices = _chosen_in_dp(modules, choices, plain, relax_module, in_build,
-                                [item.name for item in inputs], cost,
+        unmerged = None if gpu else lower(in_build(relax_module))
+        choices = _chosen_in_dp(modules, choices, plain, unmerged, [item.name for item in inputs], cost,
                                 dict(max_streams=max_streams, **schedule_options), spec)
     if plain is None:
-        return _ready(built(rewrite(relax_module, precision, layout, merge, choices, spec)))
+        merged = rewrite(relax_module, precision, layout, merge, choices, spec)
+        return _ready(built(merged, None if merged.convolutions or merged.matmuls else unmerged))
     candidates = []
     for name, candidate in _merge_candidates(choices):
         merged = rewrite(relax_module, precision, layout, merge, candidate, spec)
@@ -265,15 +268,14 @@ def _merge_candidates(choices: tuple[MergeChoice, ...]) -> list[tuple[str, tuple
 
 
 def _chosen_in_dp(modules: GroupModules, choices: tuple[MergeChoice, ...], plain: CompiledModel | None,
-                  module: tvm.IRModule, in_build: Callable[[tvm.IRModule], tvm.IRModule],
-                  input_names: list[str], cost: str | None, options: dict, spec: TargetSpec
-                  ) -> tuple[MergeChoice, ...]:
+                  unmerged: LoweredModule | None, input_names: list[str], cost: str | None, options: dict,
+                  spec: TargetSpec) -> tuple[MergeChoice, ...]:
     """`merge_choice.chosen_in_dp` on the unmerged model: `plain`'s graph with its cost source `cost` (the
     GPU's measurements by default), or without a GPU (no `plain`) the analytic cost (of `spec`'s kind of
-    device) of the graph of `module` rewritten by `in_build`."""
+    device) of the graph of `unmerged` (the model rewritten as built, lowered)."""
     scheduler = create_scheduler("dp", **options)
     if plain is None:
-        model = Lowered(*extract(lower(in_build(module)), input_names))
+        model = Lowered(*extract(unmerged, input_names))
         return chosen_in_dp(modules, choices, model, AnalyticCost(model.graph, device_model(spec.kind)),
                             scheduler)
     with plain.cost_model(cost, options["max_streams"]) as cost_model:
