@@ -6,8 +6,8 @@ or, where dp schedules the build, where dp's search of the unmerged model chose 
 The groups (`parallel_groups`: `merge.convolution_groups`, then `merge_products.matmul_groups`) are costed
 together in two modules, each group reading a parameter of its own: one holds the members, each with the
 element-wise epilogue that follows it in the model (`tvmsched.epilogues`), and the concat that joins
-exactly their results where there is one; the other is the same module merged (`merge.merge_convolutions`,
-`merge_products.merge_matmuls`), each rewritten and lowered as the model is, once (`group_modules`). The
+exactly their results where there is one; the other is the same module with every group merged
+(`merge_chosen`), each rewritten and lowered as the model is, once (`group_modules`). The
 build's `latencies` compiles and times each module as it does the model and returns, per parameter, dp's
 stage sum for the kernels that depend on it. The epilogues keep each member's kernel the model's kernel,
 so its tuning records and vendor plans apply; a slice that the model's concat of several branches would
@@ -90,7 +90,7 @@ def group_modules(module: tvm.IRModule, prepared: Callable[[tvm.IRModule], tvm.I
     if not groups:
         return None
     members = groups_module(module, groups)
-    merged = merge_matmuls(merge_convolutions(members)[0])[0]
+    merged = merge_chosen(members)[0]
     return GroupModules(tuple(map(tuple, groups)),
                         *(lower(as_computed(prepared(part))) for part in (members, merged)))
 
