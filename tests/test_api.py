@@ -13,6 +13,7 @@ from onnx import helper
 
 import tvmsched
 from tvmsched.api import ARTIFACTS
+from tvmsched.cost.analytic import CPU, AnalyticCost
 from tvmsched.cost.measured import MeasuredCost, cache_key
 from tvmsched.errors import ArtifactError, InputError, TargetError
 from tvmsched.executor.streams import StageTimer
@@ -311,6 +312,13 @@ def test_plan_records_what_it_was_made_for(branchy_model):
     device = f"cpu-{platform.machine()}"
     assert model.plan.context == {"target": model.meta.target.key, "device": device, "batch": 2}
     assert model.plan.memory.activation_bytes > 0
+
+
+def test_dp_on_the_cpu_models_the_cpu_which_gains_nothing_from_concurrency(branchy_model):
+    model = tvmsched.compile(branchy_model, target="llvm", batch=2, schedule="dp")
+    with model.cost_model() as cost:
+        assert isinstance(cost, AnalyticCost) and cost.device == CPU
+    assert model.plan.schedule["modeled_ms"] == pytest.approx(sum(alone for alone, _ in cost.alone))
 
 
 @pytest.fixture

@@ -501,6 +501,8 @@ class CompiledModel:
         `with` block: a measured one holds a GPU timer and saves its measurements on closing."""
         here = on_gpu(self.meta.target)
         name = name or ("measured" if here else "analytic")
+        if name == "analytic":  # modelling the build's kind of device (a CPU runs one kernel at a time)
+            return AnalyticCost(self.graph, device_model(self.meta.target.kind))
         if name != "measured":
             return create_cost_model(name, self.graph)
         if not here:
