@@ -55,10 +55,12 @@ def attention_nodes(source: str, output: str, scaled: bool = False) -> tuple[lis
     return nodes, constants
 
 
-def attention(scaled: bool = False):
+def attention(scaled: bool = False, query_returned: bool = False):
+    """The attention of x; with `query_returned` the model also returns the query's heads."""
     nodes, constants = attention_nodes("x", "y", scaled)
-    return make_model(nodes, [tensor("x", [1, SEQUENCE, WIDTH])], [tensor("y", [1, SEQUENCE, WIDTH])],
-                      constants)
+    outputs = [tensor("y", [1, SEQUENCE, WIDTH])]
+    outputs += [tensor("q3", [1, HEADS, SEQUENCE, WIDTH // HEADS])] * query_returned
+    return make_model(nodes, [tensor("x", [1, SEQUENCE, WIDTH])], outputs, constants)
 
 
 def attention_and_gemms():
@@ -109,13 +111,15 @@ def test_only_the_kept_groups_of_products_merge(kept):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("scaled", [False, True])
-def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_the_model(precision, scaled):
+@pytest.mark.parametrize("scaled, query_returned", [(False, False), (True, False), (True, True)])
+def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_the_model(precision, scaled,
+                                                                                         query_returned):
     """The groups module, rewritten as the model is and as computed (`as_computed`: the transposes into heads
     are the model's own and stay), holds each product with its bias and its reshape and transpose into
     heads (and the scale after them, which FuseOps fuses with the transpose), as the model's kernels; they
-    are all found in the model's graph."""
-    model = attention(scaled)
+    are all found in the model's graph. A head the model also returns is cast back to float32 for its output
+    in a kernel of its own, after the one that computes it, as in the model."""
+    model = attention(scaled, query_returned)
     module = relax_of(model)
     spec = resolve_target("llvm")
     modules = group_modules(module, lambda part: prepared(part, precision, "nchw", spec))

@@ -37,7 +37,8 @@ from tvmsched.merge_products import matmul_groups, merge_matmuls
 from tvmsched.schedule.dp import DynamicProgrammingScheduler, MergeOption
 
 SCHEMA = 3  # 2: dp_merged (a choice of schema 1 was the group's own); 3: kind (before, convolutions only)
-MODEL_OUTPUTS = "tvmsched_model_outputs"  # a groups module main's attribute: the results the model returns
+# a groups module main's attribute: the results that the model returns and no kernel of it reads
+MODEL_OUTPUTS = "tvmsched_model_outputs"
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,9 @@ def as_computed(module: tvm.IRModule) -> tvm.IRModule:
     """`module` (a `groups_module` rewritten as a model is) reading and returning each tensor as the model's
     kernels do: without the casts to float16 and the layout changes to NHWC that the precision and layout
     rewrites put after `main`'s parameters, nor those back to float32 and NCHW before its outputs, but for
-    the results that the model returns too (`MODEL_OUTPUTS`). The model has neither between its kernels; a
-    cast before an output, fused into a member's kernel, made it another kernel than the model's, and a
-    parameter's own transform was timed with its group."""
+    the results that the model only returns (`MODEL_OUTPUTS`), whose kernels hold that change. The model
+    has neither between its kernels; a cast before an output, fused into a member's kernel, made it another
+    kernel than the model's, and a parameter's own transform was timed with its group."""
     main = module["main"]
     blocks = list(main.body.blocks)
     last = blocks[-1].bindings[-1] if blocks and blocks[-1].bindings else None
@@ -220,7 +221,7 @@ def groups_module(module: tvm.IRModule, groups: list[list[Member]]) -> tvm.IRMod
     result after the element-wise epilogue and the moves that follow it in `module` (`Bindings.chain`,
     `Bindings.moves`), or the concat of those results where one concat joins exactly them."""
     bindings = Bindings(module["main"])
-    outputs = _model_outputs(module["main"], bindings)
+    outputs = _only_returned(module["main"], bindings)
     builder = relax.BlockBuilder()
     parameters = [relax.Var(f"group{index}", group[0].call.args[0].ty) for index, group in enumerate(groups)]
     with builder.function("main", parameters, attrs={"num_input": len(parameters)}):
@@ -235,13 +236,18 @@ def groups_module(module: tvm.IRModule, groups: list[list[Member]]) -> tvm.IRMod
     return result
 
 
-def _model_outputs(main: relax.Function, bindings: Bindings) -> set:
-    """The variables (by handle) whose values `main` returns, through the tuples and aliases it binds."""
-    outputs = {var.__chandle__() for var in relax.analysis.free_vars(main.body.body)}
+def _only_returned(main: relax.Function, bindings: Bindings) -> set:
+    """The variables (by handle) whose values `main` returns, through the tuples and aliases it binds, and
+    nothing else reads: a rewrite's cast or layout change before such an output fuses into the kernel that
+    computes it, but is a kernel of its own after one that other kernels read too (a scaled attention head
+    that a model also returns)."""
+    returning = {var.__chandle__() for var in relax.analysis.free_vars(main.body.body)}
     for binding in reversed(bindings.bindings):
-        if binding.var.__chandle__() in outputs and isinstance(binding.value, relax.Var | relax.Tuple):
-            outputs |= {var.__chandle__() for var in relax.analysis.free_vars(binding.value)}
-    return outputs
+        if binding.var.__chandle__() in returning and isinstance(binding.value, relax.Var | relax.Tuple):
+            returning |= {var.__chandle__() for var in relax.analysis.free_vars(binding.value)}
+    return {handle for handle in returning
+            if all(user.var.__chandle__() in returning and isinstance(user.value, relax.Var | relax.Tuple)
+                   for user in bindings.users.get(handle, []))}
 
 
 def _emit_group(builder: relax.BlockBuilder, group: list[Member], parameter: relax.Var,
