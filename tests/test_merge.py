@@ -15,7 +15,7 @@ from tvmsched.api import ModelMeta
 from tvmsched.graph import extract
 from tvmsched.lower import lower
 from tvmsched.merge import convolution_groups, merge_convolutions
-from tvmsched.merge_choice import MergeChoice, groups_module
+from tvmsched.merge_choice import MODEL_OUTPUTS, MergeChoice, groups_module
 
 RNG = np.random.default_rng(7)
 
@@ -424,6 +424,23 @@ def test_a_batch_norm_whose_statistics_are_used_merges_no_further_than_the_convo
     assert sizes == (2,) and merged["main"].script(show_meta=False).count("R.nn.batch_norm(") == 2
     graph, _ = extract(lower(merged), ["x"])
     assert [tuple(output.shape) for output in graph.outputs] == [(1, 3, 6, 6), (3,), (1, 5, 6, 6), (5,)]
+
+
+@pytest.mark.parametrize("read_through", ["nothing", "alias", "tuple"])
+def test_the_groups_module_records_the_results_that_the_model_only_returns(read_through):
+    """Their output cast fuses into their kernel in the model, so it is timed with them; a result that a
+    kernel also reads, even through an alias or a tuple that the model returns, gets that cast in a kernel
+    of its own."""
+    def epilogue(builder, convolution, channels):
+        result = builder.emit(relax.op.nn.relu(convolution))
+        if read_through == "nothing":
+            return [result]
+        passed = builder.emit(result if read_through == "alias" else relax.Tuple([result]))
+        read = passed if read_through == "alias" else builder.emit(relax.TupleGetItem(passed, 0))
+        return [passed, builder.emit(relax.op.add(read, read))]
+    module = relax_pair(epilogue)
+    returned = groups_module(module, convolution_groups(module))["main"].attrs[MODEL_OUTPUTS]
+    assert list(returned) == ([0, 1] if read_through == "nothing" else [])
 
 
 def test_auto_on_a_gpu_times_each_group_in_the_two_modules(monkeypatch, fake_cuda, tmp_path):

@@ -135,6 +135,8 @@ def test_a_group_of_products_is_timed_with_its_biases_and_reshapes_and_found_in_
     [found] = group_kernels(lowered, full)
     assert sorted(full.graph.kernels[kernel].op_kinds for kernel in found) == sorted(
         kernel.op_kinds for kernel in lowered.graph.kernels)
+    casts = [kernel for kernel in full.graph.kernels if kernel.op_kinds == ("cast",)]
+    assert len(casts) == (precision == "fp16") * (1 + query_returned)  # y's, and the query heads'
 
 
 def test_scaled_heads_are_sliced_in_the_kernel_that_scales_them():

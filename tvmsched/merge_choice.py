@@ -151,7 +151,8 @@ def as_computed(module: tvm.IRModule) -> tvm.IRModule:
     """`module` (a `groups_module` rewritten as a model is) reading and returning each tensor as the model's
     kernels do: without the casts to float16 and the layout changes to NHWC that the precision and layout
     rewrites put after `main`'s parameters, nor those back to float32 and NCHW before its outputs, but for
-    the results that the model only returns (`MODEL_OUTPUTS`), whose kernels hold that change. The model
+    the results that the model only returns (`MODEL_OUTPUTS`), which keep them as in the model (where that
+    cast fuses into the kernel that computes the result). The model
     has neither between its kernels; a cast before an output, fused into a member's kernel, made it another
     kernel than the model's, and a parameter's own transform was timed with its group."""
     main = module["main"]
@@ -237,17 +238,20 @@ def groups_module(module: tvm.IRModule, groups: list[list[Member]]) -> tvm.IRMod
 
 
 def _only_returned(main: relax.Function, bindings: Bindings) -> set:
-    """The variables (by handle) whose values `main` returns, through the tuples and aliases it binds, and
-    nothing else reads: a rewrite's cast or layout change before such an output fuses into the kernel that
-    computes it, but is a kernel of its own after one that other kernels read too (a scaled attention head
-    that a model also returns)."""
-    returning = {var.__chandle__() for var in relax.analysis.free_vars(main.body.body)}
-    for binding in reversed(bindings.bindings):
-        if binding.var.__chandle__() in returning and isinstance(binding.value, relax.Var | relax.Tuple):
-            returning |= {var.__chandle__() for var in relax.analysis.free_vars(binding.value)}
-    return {handle for handle in returning
-            if all(user.var.__chandle__() in returning and isinstance(user.value, relax.Var | relax.Tuple)
-                   for user in bindings.users.get(handle, []))}
+    """The variables (by handle) whose values `main` returns, directly or through tuples and aliases that
+    nothing else reads either: a rewrite's cast before such an output fuses into the kernel that computes
+    it, but is a kernel of its own after one that other kernels read too (a scaled attention head that a
+    model also returns)."""
+    returned = {var.__chandle__() for var in relax.analysis.free_vars(main.body.body)}
+    only: set = set()
+    for binding in reversed(bindings.bindings):  # a variable's users come after it
+        handle = binding.var.__chandle__()
+        users = bindings.users.get(handle, [])
+        if (handle in returned or users) and all(
+                isinstance(user.value, relax.Var | relax.Tuple) and user.var.__chandle__() in only
+                for user in users):
+            only.add(handle)
+    return only
 
 
 def _emit_group(builder: relax.BlockBuilder, group: list[Member], parameter: relax.Var,

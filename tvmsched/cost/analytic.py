@@ -3,9 +3,9 @@
 A kernel alone takes `launch + max(flops / peak, bytes / bandwidth) / utilization`, where utilization is
 the share of the GPU a kernel of its size keeps busy (small kernels leave SMs idle). Concurrent groups
 share the GPU: a stage lasts at least its longest group and at least its total busy work
-(Σ time × utilization), so running small kernels side by side pays and large ones gains nothing. Used on
-the CPU, in tests, and to prune before measuring. `--merge auto` on a CPU target weighs its groups with
-`CPU`, the model of a processor that runs one kernel at a time on all its cores.
+(Σ time × utilization), so running small kernels side by side pays and large ones gains nothing. Used
+without the target's GPU, in tests, and to prune before measuring. A CPU target's builds (their dp, and
+`--merge auto`'s choice) use `CPU`, the model of a processor that runs one kernel at a time on all its cores.
 """
 
 from __future__ import annotations
