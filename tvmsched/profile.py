@@ -19,11 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tvmsched import measure
+from tvmsched.cost.analytic import GPU_PEAKS
 from tvmsched.executor.base import TraceEvent
-
-# FP32 (non-tensor-core) FLOP/s and memory bytes/s of the GPUs we profile on, by device-name substring.
-PEAKS = {"H100 80GB HBM3": (67e12, 3.35e12), "H100 PCIe": (51e12, 2.0e12), "H200": (67e12, 4.8e12),
-         "A100-SXM4-80GB": (19.5e12, 2.04e12)}
 
 
 @dataclass(frozen=True)
@@ -130,7 +127,7 @@ def profile(model, repeat: int = 50) -> Profile:
         with _kernel_timer(model, executor) as timer:
             latencies = {kernel.id: timer(kernel.id, repeat) for kernel in model.graph.kernels}
     name = device_name(spec)
-    peaks = next((peak for key, peak in PEAKS.items() if key in name), None)
+    peaks = next((peak for key, peak in GPU_PEAKS.items() if key in name), None)
     streams = {launch.kernel: launch.stream for launch in model.plan.launches}
     tuned = set(model.meta.tuned_kernels)
     kernels = []

@@ -15,13 +15,18 @@ from dataclasses import dataclass
 from tvmsched.cost.base import CostModel, register_cost_model
 from tvmsched.graph import KernelGraph
 
+# FP32 (non-tensor-core) FLOP/s and memory bytes/s of the GPUs we know, by device-name substring (also
+# `profile`'s roofline bound).
+GPU_PEAKS = {"H100 80GB HBM3": (67e12, 3.35e12), "H100 PCIe": (51e12, 2.0e12), "H200": (67e12, 4.8e12),
+             "A100-SXM4-80GB": (19.5e12, 2.04e12)}
+
 
 @dataclass(frozen=True)
 class DeviceModel:
     """Throughputs of the modeled device (defaults: an H100 SXM in fp32 without tensor cores; `CPU`)."""
 
-    peak_flops: float = 60e12
-    bandwidth: float = 3.0e12
+    peak_flops: float = GPU_PEAKS["H100 80GB HBM3"][0]
+    bandwidth: float = GPU_PEAKS["H100 80GB HBM3"][1]
     launch_ms: float = 0.003
     saturating_flops: float = 2e8  # work a kernel needs to keep every SM busy
     saturating_bytes: float = 2e7
