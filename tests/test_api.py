@@ -207,11 +207,11 @@ def test_reschedule_closes_its_plan_timer_also_when_the_search_is_interrupted(br
     caches = iter(tmp_path / f"costs{index}.json" for index in range(2))
     key = cache_key(model.graph, model.plan.context, model.meta.kernels_hash)
 
-    def measured_cost(name, max_streams):  # what cost_model makes on a GPU
+    def measured_cost(name, max_streams):  # what stage_cost makes on a GPU
         return MeasuredCost.on_device(model.library, model.graph, model.plan, model.constants, tvm.cpu(),
                                       model.meta.kernels_hash, max_streams, next(caches))
 
-    monkeypatch.setattr(model, "cost_model", measured_cost)
+    monkeypatch.setattr(model, "stage_cost", measured_cost)
     assert model.reschedule("dp", max_streams=3).plan.schedule["plan_ms"] == 1.0  # timed by the stand-in
     assert fake_cuda.made["graph_exec"] > 1 and fake_cuda.made == fake_cuda.destroyed
     assert json.loads((tmp_path / "costs0.json").read_text())[key]
@@ -316,7 +316,7 @@ def test_plan_records_what_it_was_made_for(branchy_model):
 
 def test_dp_on_the_cpu_models_the_cpu_which_gains_nothing_from_concurrency(branchy_model):
     model = tvmsched.compile(branchy_model, target="llvm", batch=2, schedule="dp")
-    with model.cost_model() as cost:
+    with model.stage_cost() as cost:
         assert isinstance(cost, AnalyticCost) and cost.device == CPU
     assert model.plan.schedule["modeled_ms"] == pytest.approx(sum(alone for alone, _ in cost.alone))
 

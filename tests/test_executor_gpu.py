@@ -77,7 +77,7 @@ def test_measured_cost_times_whole_plans_and_caches_them(tmp_path, monkeypatch):
     monkeypatch.setenv("TVMSCHED_CACHE", str(tmp_path))
     proto = zoo.build("googlenet", batch=1, image_size=SMALL_IMAGE["googlenet"])
     model = tvmsched.compile(proto, target="cuda", schedule="nimble", max_streams=4)
-    with model.cost_model("measured", max_streams=4) as cost:
+    with model.stage_cost("measured", max_streams=4) as cost:
         order = tuple((launch.kernel, launch.stream) for launch in model.plan.launches)
         assert len({stream for _, stream in order}) > 1
         one_stream = tuple((kernel, 0) for kernel, _ in order)

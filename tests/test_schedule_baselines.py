@@ -7,7 +7,7 @@ import pytest
 from synthetic import random_graph
 from test_plan import assert_race_free
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.graph import Kernel, KernelGraph, TensorRef
 from tvmsched.plan import make_plan
@@ -31,7 +31,7 @@ def hand_graph(producers: list[tuple[int, ...]], flops: list[int] | None = None)
     return KernelGraph(tuple(kernels), (graph_input,), sinks, ())
 
 
-def run(name: str, graph: KernelGraph, max_streams: int, cost: CostModel | None = None):
+def run(name: str, graph: KernelGraph, max_streams: int, cost: StageCost | None = None):
     return create_scheduler(name, max_streams=max_streams).schedule(graph, cost or AnalyticCost(graph))
 
 
@@ -104,7 +104,7 @@ def test_nimble_puts_each_independent_chain_on_its_own_stream():
     assert streams == [{0}, {1}, {2}]
 
 
-class FlopsCost(CostModel):
+class FlopsCost(StageCost):
     """A cost source without utilization: time proportional to FLOPs, concurrent groups add up."""
 
     def stage_latency(self, groups):

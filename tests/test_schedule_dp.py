@@ -8,7 +8,7 @@ import pytest
 from synthetic import graph_of, random_graph
 from test_plan import assert_race_free
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.plan import add_waits, make_plan
 from tvmsched.schedule import create_scheduler
@@ -205,7 +205,7 @@ def test_search_progress_reports_finished_blocks():
     assert reports[-1]["modeled_ms"] == pytest.approx(schedule.stats["modeled_ms"])
 
 
-class CountingCost(CostModel):
+class CountingCost(StageCost):
     """A stand-in for measurements: the analytic latency plus a per-stage penalty, counting the calls."""
 
     def __init__(self, graph):

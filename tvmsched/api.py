@@ -16,7 +16,7 @@ import tvm
 
 from tvmsched import digests, frontend, measure, nvrtc_source, weights, zoo
 from tvmsched.codegen import anonymous, build_library
-from tvmsched.cost import CostModel, create_cost_model
+from tvmsched.cost import StageCost, create_stage_cost
 from tvmsched.cost.analytic import AnalyticCost, device_model
 from tvmsched.cost.measured import MeasuredCost
 from tvmsched.errors import ArtifactError, InputError, TargetError, UnknownModel, check_choice
@@ -278,8 +278,8 @@ def _chosen_in_dp(modules: GroupModules, choices: tuple[MergeChoice, ...], plain
         model = Lowered(*extract(unmerged, input_names))
         return chosen_in_dp(modules, choices, model, AnalyticCost(model.graph, device_model(spec.kind)),
                             scheduler)
-    with plain.cost_model(cost, options["max_streams"]) as cost_model:
-        return chosen_in_dp(modules, choices, Lowered(plain.graph, plain.constants), cost_model, scheduler)
+    with plain.stage_cost(cost, options["max_streams"]) as stage_cost:
+        return chosen_in_dp(modules, choices, Lowered(plain.graph, plain.constants), stage_cost, scheduler)
 
 
 def _ready(model: CompiledModel) -> CompiledModel:
@@ -350,11 +350,11 @@ def alternative_ms(lowered: LoweredModule, spec: TargetSpec, logs: list, kernels
     meta = ModelMeta((), (), spec, tvm.__version__, kernels_hash=built.kernels_hash)
     context = {"target": spec.key, "device": target_device_name(spec), "batch": graph.inputs[0].shape[0]}
     model = _with_tactics(built, graph, constants, meta, context, kernels)
-    with model.cost_model("measured") as cost:
+    with model.stage_cost("measured") as cost:
         return _part_latencies(model.graph, names, cost)
 
 
-def _part_latencies(graph: KernelGraph, input_names: list[str], cost: CostModel) -> tuple[float, ...]:
+def _part_latencies(graph: KernelGraph, input_names: list[str], cost: StageCost) -> tuple[float, ...]:
     """Per graph input, dp's stage sum for the kernels that depend on it (`part_latency`)."""
     scheduler = create_scheduler("dp", time_orders=False)
     return tuple(scheduler.part_latency(graph, graph.reading(name), cost) for name in input_names)
@@ -375,7 +375,7 @@ def choose_tactics(model: CompiledModel, kernels: str, progress: Callable[[str],
                           model.meta.kernels_hash, model.constants, progress=report)
 
 
-def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: CostModel, context: dict) -> ExecutionPlan:
+def plan_schedule(graph: KernelGraph, scheduler: Scheduler, cost: StageCost, context: dict) -> ExecutionPlan:
     """The validated ExecutionPlan of what `scheduler` decides for `graph` with stage costs from `cost`."""
     result = scheduler.schedule(graph, cost)
     return make_plan(graph, list(result.order), scheduler.name, context, result.to_json())
@@ -419,11 +419,11 @@ class CompiledModel:
         whole plan faster (`tactics.in_plan`).
         """
         scheduler = create_scheduler(schedule, max_streams=max_streams, **schedule_options)
-        with self.cost_model(cost, max_streams) as cost_model:  # saves measurements also when interrupted
-            plan = plan_schedule(self.graph, scheduler, cost_model, self.plan.context)
+        with self.stage_cost(cost, max_streams) as stage_cost:  # saves measurements also when interrupted
+            plan = plan_schedule(self.graph, scheduler, stage_cost, self.plan.context)
             if scheduler.name == "dp" and scheduler.time_orders:  # each vendor kernel's, in its stage
                 tvm_ms = self.selection.tvm_ms if self.selection else {}
-                plan = choose_in_plan(self.graph, plan, cost_model, tvm_ms)
+                plan = choose_in_plan(self.graph, plan, stage_cost, tvm_ms)
         return CompiledModel(self.library, self.graph, plan, self.constants, self.meta, executor,
                              self.selection, self.pipelined, self.folded)
 
@@ -496,7 +496,7 @@ class CompiledModel:
     def __exit__(self, *error) -> None:
         self.close()
 
-    def cost_model(self, name: str | None = None, max_streams: int = 8) -> CostModel:
+    def stage_cost(self, name: str | None = None, max_streams: int = 8) -> StageCost:
         """A stage-latency source for this model's graph (see `reschedule`). Close it when done, e.g. by a
         `with` block: a measured one holds a GPU timer and saves its measurements on closing."""
         here = on_gpu(self.meta.target)
@@ -504,7 +504,7 @@ class CompiledModel:
         if name == "analytic":  # modelling the build's kind of device (a CPU runs one kernel at a time)
             return AnalyticCost(self.graph, device_model(self.meta.target.kind))
         if name != "measured":
-            return create_cost_model(name, self.graph)
+            return create_stage_cost(name, self.graph)
         if not here:
             raise TargetError("measured stage costs need this build's GPU; use cost='analytic' "
                               "(--cost analytic)")

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tvmsched.cost import STAGE_COSTS
 from tvmsched.errors import InputError, OutputError, TvmschedError, UsageError
 from tvmsched.frontend import parse_input_shape
 from tvmsched.layout import CHOICES as LAYOUT_CHOICES
@@ -382,7 +383,7 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
                              "(default: sequential)")
     parser.add_argument("--streams", type=_positive, default=None,
                         help="at most this many CUDA streams (default 8)")
-    parser.add_argument("--cost", choices=("measured", "analytic"), default=None,
+    parser.add_argument("--cost", choices=sorted(STAGE_COSTS), default=None,
                         help="stage latencies for the schedulers: measured on the GPU (default where the "
                              "build's GPU is present; cached) or the analytic roofline model")
     parser.add_argument("--max-group-size", type=_positive, default=None,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import tvm
 from tvm import relax
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.epilogues import Bindings, renamed
 from tvmsched.graph import extract
 from tvmsched.lower import LoweredModule, is_op, lower
@@ -115,7 +115,7 @@ def _kind(group: tuple[Member, ...]) -> str:
     return "conv2d" if isinstance(group[0], Convolution) else "matmul"
 
 
-def chosen_in_dp(modules: GroupModules, choices: tuple[MergeChoice, ...], model: Lowered, cost: CostModel,
+def chosen_in_dp(modules: GroupModules, choices: tuple[MergeChoice, ...], model: Lowered, cost: StageCost,
                  scheduler: DynamicProgrammingScheduler) -> tuple[MergeChoice, ...]:
     """`choices` (of `choose_merges(modules)`) with `dp_merged` set for each group that `scheduler`'s
     IOS-Both search of `model` (the unmerged model, rewritten and lowered as the modules are) with `cost`

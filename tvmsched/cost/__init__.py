@@ -2,6 +2,6 @@
 Each is a file registered by name."""
 
 from tvmsched.cost import analytic, measured  # noqa: F401  (register "analytic", "measured")
-from tvmsched.cost.base import COST_MODELS, CostModel, create_cost_model
+from tvmsched.cost.base import STAGE_COSTS, StageCost, create_stage_cost
 
-__all__ = ["COST_MODELS", "CostModel", "create_cost_model"]
+__all__ = ["STAGE_COSTS", "StageCost", "create_stage_cost"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvmsched.cost.base import CostModel, register_cost_model
+from tvmsched.cost.base import StageCost, register_stage_cost
 from tvmsched.graph import KernelGraph
 
 # FP32 (non-tensor-core) FLOP/s and memory bytes/s of the GPUs we know, by device-name substring (also
@@ -53,8 +53,8 @@ def kernel_alone(flops: int, traffic: int, device: DeviceModel = DeviceModel()) 
     return device.launch_ms + work_ms / utilization, utilization
 
 
-@register_cost_model("analytic")
-class AnalyticCost(CostModel):
+@register_stage_cost("analytic")
+class AnalyticCost(StageCost):
     def __init__(self, graph: KernelGraph, device: DeviceModel = DeviceModel()):
         super().__init__(graph)
         self.device = device

@@ -1,4 +1,4 @@
-"""The CostModel interface and its registry."""
+"""The StageCost interface and its registry."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from tvmsched.errors import TvmschedError
 from tvmsched.graph import KernelGraph
 from tvmsched.registry import registrar
 
-COST_MODELS: dict[str, type[CostModel]] = {}
+STAGE_COSTS: dict[str, type[StageCost]] = {}
 
 
-register_cost_model = registrar(COST_MODELS)  # class decorator: @register_cost_model("name")
+register_stage_cost = registrar(STAGE_COSTS)  # class decorator: @register_stage_cost("name")
 
 
-def create_cost_model(name: str, graph: KernelGraph, **options) -> CostModel:
-    if name not in COST_MODELS:
-        raise TvmschedError(f"unknown cost source '{name}'; available: {', '.join(sorted(COST_MODELS))}")
-    return COST_MODELS[name](graph, **options)
+def create_stage_cost(name: str, graph: KernelGraph, **options) -> StageCost:
+    if name not in STAGE_COSTS:
+        raise TvmschedError(f"unknown cost source '{name}'; available: {', '.join(sorted(STAGE_COSTS))}")
+    return STAGE_COSTS[name](graph, **options)
 
 
-class CostModel(ABC):
+class StageCost(ABC):
     """Latency in milliseconds of stages of one graph: `groups` run concurrently, each in order.
 
     A cost source may hold device resources: `close` it, or use it as a context manager.
@@ -35,7 +35,7 @@ class CostModel(ABC):
     def close(self) -> None:  # noqa: B027  (not abstract: a computed model holds nothing to release)
         """Release what the source holds."""
 
-    def __enter__(self) -> CostModel:
+    def __enter__(self) -> StageCost:
         return self
 
     def __exit__(self, *error) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tvmsched.cache import cache_path as named_cache_path
 from tvmsched.cache import merge_into_cache, read_section
-from tvmsched.cost.base import CostModel, register_cost_model
+from tvmsched.cost.base import StageCost, register_stage_cost
 from tvmsched.executor.streams import StageTimer
 from tvmsched.graph import KernelGraph
 from tvmsched.plan import ExecutionPlan
@@ -32,8 +32,8 @@ def cache_key(graph: KernelGraph, context: dict, kernels_hash: str) -> str:
             f"/timer{StageTimer.version}")
 
 
-@register_cost_model("measured")
-class MeasuredCost(CostModel):
+@register_stage_cost("measured")
+class MeasuredCost(StageCost):
     """`timer.time_stage(groups)` or `timer.time_order(order)` on a cache miss; `key` names what the
     measurements hold for (`cache_key`). `on_device` makes one with its timer and key."""
 

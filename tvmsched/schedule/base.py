@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.errors import TvmschedError
 from tvmsched.graph import KernelGraph
 from tvmsched.registry import registrar
@@ -119,5 +119,5 @@ class Scheduler(ABC):
         self.max_streams = max_streams
 
     @abstractmethod
-    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
+    def schedule(self, graph: KernelGraph, cost: StageCost) -> Schedule:
         """A Schedule whose order is a topological order of `graph`, using at most max_streams streams."""

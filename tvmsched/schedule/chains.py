@@ -2,14 +2,14 @@
 chain it can extend, otherwise starts a new stream while fewer than K exist, otherwise joins the stream
 whose chain ended longest ago (most likely idle)."""
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import Schedule, Scheduler, register_scheduler
 
 
 @register_scheduler("chains")
 class ChainScheduler(Scheduler):
-    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
+    def schedule(self, graph: KernelGraph, cost: StageCost) -> Schedule:
         stream_of: dict[int, int] = {}
         tail: list[int] = []  # the last kernel issued on each stream
         for kernel in graph.kernels:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import (
@@ -73,7 +73,7 @@ class DynamicProgrammingScheduler(Scheduler):
         self.measure_top = measure_top
         self.search_progress = search_progress
 
-    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
+    def schedule(self, graph: KernelGraph, cost: StageCost) -> Schedule:
         start = time.perf_counter()
         self.cost = cost
         self.stats = {**_counters(), "blocks_timed": 0, "blocks_greedy": 0}
@@ -91,7 +91,7 @@ class DynamicProgrammingScheduler(Scheduler):
         self.stats["search_s"] = round(time.perf_counter() - start, 3)
         return replace(chosen, stats={**chosen.stats, **self.stats})
 
-    def merge_search(self, graph: KernelGraph, cost: CostModel, options: tuple[MergeOption, ...]
+    def merge_search(self, graph: KernelGraph, cost: StageCost, options: tuple[MergeOption, ...]
                      ) -> tuple[list[tuple[Stage, MergeOption | None]], frozenset[int]]:
         """IOS-Both: the stages of dp's search (by stage sums, IOS's rule; per part the better of them and
         greedy's) in which a stage made of exactly an option's kernels runs them merged (paired with that
@@ -115,7 +115,7 @@ class DynamicProgrammingScheduler(Scheduler):
                 self.report()
         return stages, frozenset(weighed)
 
-    def part_latency(self, graph: KernelGraph, kernels: list[int], cost: CostModel) -> float:
+    def part_latency(self, graph: KernelGraph, kernels: list[int], cost: StageCost) -> float:
         """The stage sum of the better of dp's searched stages and greedy's for `kernels` alone (ids in order,
         closed under their producers in `graph` but for graph inputs), as for one part of a graph."""
         self.cost = cost
@@ -129,14 +129,14 @@ class DynamicProgrammingScheduler(Scheduler):
         first, second = split(graph, block)
         return self.parts(graph, first) + self.parts(graph, second)
 
-    def _part_options(self, graph: KernelGraph, part: list[int], cost: CostModel
+    def _part_options(self, graph: KernelGraph, part: list[int], cost: StageCost
                       ) -> tuple[list[Stage], list[Stage]]:
         """The part's searched stages and greedy's."""
         searched = [stage for stage, _ in self._search(graph, part, cost).run()]
         self.stats["blocks"] += 1
         return searched, GreedyScheduler(self.max_streams).stages(graph, part)
 
-    def _search(self, graph: KernelGraph, part: list[int], cost: CostModel,
+    def _search(self, graph: KernelGraph, part: list[int], cost: StageCost,
                 options: tuple[MergeOption, ...] = ()) -> _BlockSearch:
         """The search of `part` with `cost` (and merge `options`), guided by an analytic search of the same
         part where `cost` is another source."""
@@ -146,7 +146,7 @@ class DynamicProgrammingScheduler(Scheduler):
         return _BlockSearch(graph, part, cost, self, guide, options)
 
     def _choose(self, graph: KernelGraph, options: list[tuple[list[Stage], list[Stage]]],
-                sums: list[tuple[float, float]], cost: CostModel) -> list[int]:
+                sums: list[tuple[float, float]], cost: StageCost) -> list[int]:
         """Per part, 0 for its searched stages or 1 for greedy's, so dp is never worse than greedy. By the
         sums of their stage latencies (`sums`), which the search minimizes (IOS's rule, also with
         time_orders=False); but where the cost source times whole orders (measurements), as the executor
@@ -176,7 +176,7 @@ class DynamicProgrammingScheduler(Scheduler):
                                           for pick, (searched, greedy) in zip(picks, options))
         return picks
 
-    def _or_baselines(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> Schedule:
+    def _or_baselines(self, graph: KernelGraph, stages: list[Stage], cost: StageCost) -> Schedule:
         """The plan of `stages`, or where whole plans were timed, the fastest of the baselines' plans of
         the whole graph (greedy, sequential, Opara, Nimble) if it runs faster (stats `baseline_plan`,
         `baselines_ms` of those whose order differs from dp's): greedy's stages of the parts a block was
@@ -199,7 +199,7 @@ class DynamicProgrammingScheduler(Scheduler):
             self.stats["modeled_ms"] = stage_sum(list(chosen.stages), cost)
         return chosen
 
-    def _baseline_plans(self, graph: KernelGraph, cost: CostModel):
+    def _baseline_plans(self, graph: KernelGraph, cost: StageCost):
         """(name, Schedule) of each baseline scheduler's plan of the whole graph with dp's stream limit
         (`max_streams`; `max_groups` bounds dp's own stages only)."""
         whole = GreedyScheduler(self.max_streams).stages(graph, [kernel.id for kernel in graph.kernels])
@@ -207,7 +207,7 @@ class DynamicProgrammingScheduler(Scheduler):
         for baseline in (SequentialScheduler, OparaScheduler, NimbleScheduler):
             yield baseline.name, baseline(self.max_streams).schedule(graph, cost)
 
-    def _plan_ms(self, graph: KernelGraph, stages: list[Stage], cost: CostModel) -> float | None:
+    def _plan_ms(self, graph: KernelGraph, stages: list[Stage], cost: StageCost) -> float | None:
         """The whole plan of `stages` timed as the executor runs it; None where the cost source times
         stages only."""
         schedule = Schedule.from_stages(stages, graph=graph, mapping=self.stream_mapping)
@@ -224,7 +224,7 @@ class _BlockSearch:
     """The memoized DP over one block's kernels (local bit i is kernel `block[i]`), with the merge options
     whose kernels all lie in the block."""
 
-    def __init__(self, graph: KernelGraph, block: list[int], cost: CostModel,
+    def __init__(self, graph: KernelGraph, block: list[int], cost: StageCost,
                  scheduler: DynamicProgrammingScheduler, guide: _BlockSearch | None = None,
                  options: tuple[MergeOption, ...] = ()):
         self.block = block
@@ -387,12 +387,12 @@ def _picked(options: list[tuple[list[Stage], list[Stage]]], picks: list[int]) ->
     return [stage for pick, pair in zip(picks, options) for stage in pair[pick]]
 
 
-def stage_sum(stages: list[Stage], cost: CostModel) -> float:
+def stage_sum(stages: list[Stage], cost: StageCost) -> float:
     """The sum of `stages`' latencies by `cost` (IOS's objective)."""
     return merged_sum([(stage, None) for stage in stages], cost)
 
 
-def merged_sum(stages: list[tuple[Stage, MergeOption | None]], cost: CostModel) -> float:
+def merged_sum(stages: list[tuple[Stage, MergeOption | None]], cost: StageCost) -> float:
     """The stage sum of `merge_search`'s stages: a merged stage takes its option's `merged_ms`."""
     return sum(option.merged_ms if option else cost.stage_latency(stage.groups) for stage, option in stages)
 

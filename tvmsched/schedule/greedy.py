@@ -1,7 +1,7 @@
 """IOS's greedy baseline: each stage takes every kernel whose inputs are ready, one group per kernel
 (kernels beyond max_streams share streams round-robin)."""
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import (
     DEFAULT_STREAM_MAPPING,
@@ -19,7 +19,7 @@ class GreedyScheduler(Scheduler):
         super().__init__(max_streams)
         self.stream_mapping = check_stream_mapping(stream_mapping)
 
-    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
+    def schedule(self, graph: KernelGraph, cost: StageCost) -> Schedule:
         stages = self.stages(graph, [kernel.id for kernel in graph.kernels])
         return Schedule.from_stages(stages, {"modeled_ms": sum(cost.stage_latency(s.groups) for s in stages)},
                                     graph, self.stream_mapping)

@@ -5,14 +5,14 @@ direct dependencies as possible on one stream, so the cover has the fewest paths
 cross-stream waits. Paths beyond max_streams share streams.
 """
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import Schedule, Scheduler, register_scheduler
 
 
 @register_scheduler("nimble")
 class NimbleScheduler(Scheduler):
-    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
+    def schedule(self, graph: KernelGraph, cost: StageCost) -> Schedule:
         chains = minimum_path_cover(graph)
         stream_of = chain_streams(chains, self.max_streams)
         order = tuple((kernel.id, stream_of[kernel.id]) for kernel in graph.kernels)

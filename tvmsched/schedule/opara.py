@@ -6,7 +6,7 @@ queuing behind them. No stage barriers: only the cross-stream waits make_plan ad
 
 import heapq
 
-from tvmsched.cost import CostModel
+from tvmsched.cost import StageCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import Schedule, Scheduler, register_scheduler
 from tvmsched.schedule.nimble import chain_streams, minimum_path_cover
@@ -14,13 +14,13 @@ from tvmsched.schedule.nimble import chain_streams, minimum_path_cover
 
 @register_scheduler("opara")
 class OparaScheduler(Scheduler):
-    def schedule(self, graph: KernelGraph, cost: CostModel) -> Schedule:
+    def schedule(self, graph: KernelGraph, cost: StageCost) -> Schedule:
         stream_of = chain_streams(minimum_path_cover(graph), self.max_streams)
         order = tuple((kernel, stream_of[kernel]) for kernel in launch_order(graph, busy_work(graph, cost)))
         return Schedule(order, None, {"streams": 1 + max(stream_of.values(), default=-1)})
 
 
-def busy_work(graph: KernelGraph, cost: CostModel) -> list[float]:
+def busy_work(graph: KernelGraph, cost: StageCost) -> list[float]:
     """Each kernel's time alone x the share of the GPU it keeps busy: the analytic model's utilization
     where the cost source has one, else the kernel's time relative to the longest kernel's."""
     times = [cost.kernel_latency(kernel.id) for kernel in graph.kernels]

@@ -5,7 +5,7 @@ stage of dp's plan a kernel runs beside other branches, and TVM's function, whic
 them, can make the stage faster although it is slower alone. After dp has chosen its plan, each kernel that
 a vendor plan runs in a stage of several groups is tried with TVM's function instead (a kernel with a
 tactic keeps TVM's workspace, `Kernel.tvm_workspace`, so either can run): the whole plan, in dp's issue
-order, is timed as the benchmark times it (`CostModel.order_latency`), and each change that makes it faster
+order, is timed as the benchmark times it (`StageCost.order_latency`), and each change that makes it faster
 by more than `MARGIN` is kept, one kernel after another. A kernel whose TVM function alone (selection's
 measurement) takes at least as long as its whole stage is not tried: beside other groups a kernel runs no
 faster than alone, so its stage could not get faster (a heuristic for the whole plan, whose stages may
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tvmsched.cost.base import CostModel
+from tvmsched.cost.base import StageCost
 from tvmsched.graph import KernelGraph
 from tvmsched.plan import ExecutionPlan
 
@@ -36,7 +36,7 @@ def concurrent_kernels(graph: KernelGraph, plan: ExecutionPlan) -> list[tuple[in
             if graph.kernels[kernel].tactic is not None]
 
 
-def choose_in_plan(graph: KernelGraph, plan: ExecutionPlan, cost: CostModel,
+def choose_in_plan(graph: KernelGraph, plan: ExecutionPlan, cost: StageCost,
                    tvm_ms: dict[int, float]) -> ExecutionPlan:
     """`plan` with TVM's function for the kernels of `concurrent_kernels` whose change makes the whole plan
     faster by `cost` (by more than `MARGIN`), its schedule recording how many were tried, how many were not
