@@ -97,6 +97,39 @@ def test_build_passes_the_dp_options(monkeypatch, flags, time_orders):
     assert "max_groups" not in seen and "max_streams" not in seen
 
 
+def test_a_new_schedulers_flag_reaches_it_from_the_command_line(monkeypatch, capsys):
+    """A scheduler declares its options as flags (`Scheduler.flags`); the CLI makes them, passes them to
+    that scheduler and refuses them for the others, with nothing else to change."""
+    import tvmsched
+    from tvmsched.errors import TvmschedError
+    from tvmsched.schedule import SCHEDULERS
+    from tvmsched.schedule.base import Flag
+    from tvmsched.schedule.sequential import SequentialScheduler
+
+    class Windowed(SequentialScheduler):
+        flags = (Flag("window", "--window", "kernels looked ahead"),)
+
+        def __init__(self, max_streams: int = 8, window: int = 2):
+            super().__init__(max_streams)
+            self.window = window
+
+    monkeypatch.setitem(SCHEDULERS, "windowed", Windowed)
+    seen = {}
+
+    def compile_options(model, **options):
+        seen.update(options)
+        raise TvmschedError("stop before compiling")
+
+    monkeypatch.setattr(tvmsched, "compile", compile_options)
+    assert main(["build", "squeezenet", "-o", "unused", "--schedule", "windowed", "--window", "5"]) == 2
+    assert seen["schedule"] == "windowed" and seen["window"] == 5
+    capsys.readouterr()
+    assert "argument --window: '0' is not an integer >= 1" in error_line(
+        capsys, "build", "squeezenet", "-o", "unused", "--schedule", "windowed", "--window", "0")
+    assert "--schedule dp does not take --window" in error_line(
+        capsys, "build", "squeezenet", "-o", "unused", "--schedule", "dp", "--window", "5")
+
+
 def test_tune_reports_kernels_that_got_no_candidate():
     """A kernel whose search produced nothing to measure is named, not left out of the run's output."""
     from tvmsched.cli import _kernel_line

@@ -8,8 +8,8 @@ from test_schedule_baselines import hand_graph
 
 from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.plan import make_plan
-from tvmsched.schedule import create_scheduler, options_for
-from tvmsched.schedule.base import Schedule, SchedulerError, Stage
+from tvmsched.schedule import create_scheduler, options_for, scheduler_flags
+from tvmsched.schedule.base import STREAM_MAPPING_FLAG, Schedule, SchedulerError, Stage
 
 
 def streams_of(schedule: Schedule) -> dict[int, int]:
@@ -81,3 +81,14 @@ def test_options_for_gives_each_scheduler_only_the_flags_it_takes():
     assert options_for("greedy", **flags) == {"stream_mapping": "index"}
     assert options_for("nimble", **flags) == {}
     create_scheduler("greedy", **options_for("greedy", **flags))  # what it returns, the scheduler accepts
+
+
+def test_each_scheduler_flag_is_an_option_its_scheduler_takes_and_each_flag_means_one_option():
+    taking = scheduler_flags()
+    assert {flag.flag for flag in taking} >= {"--max-states", "--stage-sums", "--stream-mapping"}
+    assert len({flag.flag for flag in taking}) == len({flag.keyword for flag in taking}) == len(taking)
+    for flag, schedulers in taking.items():
+        for name in schedulers:
+            assert options_for(name, **{flag.keyword: None}), (name, flag.flag)
+    assert taking[STREAM_MAPPING_FLAG] == ("dp", "greedy")
+

@@ -54,10 +54,9 @@ PRECISION_HELP = ("fp32, or fp16: float16 weights and activations with float32 a
 LAYOUT_HELP = ("the convolutions' data layout: nchw as the model is, nhwc (channels-last, weights OHWI), or "
                "auto: nhwc in fp16 on a GPU (cuDNN's half-precision convolutions want it), else nchw; inputs "
                "and outputs keep the model's layout")
-# The scheduling flags: their keyword arguments of `compile` and `reschedule`, and the flags themselves.
-SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost", "max_group_size": "--max-group-size",
-                  "max_groups": "--max-groups", "max_states": "--max-states", "time_orders": "--stage-sums",
-                  "stream_mapping": "--stream-mapping"}
+# The scheduling flags that every scheduler takes: their keyword arguments of `compile` and `reschedule` and
+# the flags (the schedulers declare their own, `Scheduler.flags`).
+COMMON_SCHEDULE_FLAGS = {"max_streams": "--streams", "cost": "--cost"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -375,8 +374,7 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", choices=LAYOUT_CHOICES, default=None,
                         help=LAYOUT_HELP + " (default auto)")
     from tvmsched.executor import EXECUTORS
-    from tvmsched.schedule import SCHEDULERS
-    from tvmsched.schedule.base import STREAM_MAPPINGS
+    from tvmsched.schedule import SCHEDULERS, scheduler_flags
 
     parser.add_argument("--schedule", default=None, choices=sorted(SCHEDULERS),
                         help="inter-operator schedule: which stream runs each kernel, in which order "
@@ -386,21 +384,14 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost", choices=sorted(STAGE_COSTS), default=None,
                         help="stage latencies for the schedulers: measured on the GPU (default where the "
                              "build's GPU is present; cached) or the analytic roofline model")
-    parser.add_argument("--max-group-size", type=_positive, default=None,
-                        help="dp: at most this many kernels in one group of a stage (IOS's r, default 3)")
-    parser.add_argument("--max-groups", type=_positive, default=None,
-                        help="dp: at most this many concurrent groups in a stage (IOS's s, default 8)")
-    parser.add_argument("--max-states", type=_positive, default=None,
-                        help="dp: split a block whose search has more sets of kernels than this (default "
-                             "1024; larger searches longer for schedules that are rarely better)")
-    parser.add_argument("--stage-sums", action="store_true",
-                        help="dp: choose each part's searched or greedy's stages by the sum of their "
-                             "stage latencies, as IOS, instead of timing the whole plan on the GPU (the "
-                             "executed plan has no barriers between stages; docs/schedulers.md)")
-    parser.add_argument("--stream-mapping", choices=STREAM_MAPPINGS, default=None,
-                        help="greedy and dp: the stream of each group of a stage; affinity (default): a "
-                             "stream whose last kernel the group reads, else the one idle longest, so fewer "
-                             "groups queue behind unrelated ones; index: group i on stream i")
+    for flag, schedulers in scheduler_flags().items():  # each scheduler's own, as it declares them
+        help = f"{' and '.join(schedulers)}: {flag.help}"
+        if flag.switch is not None:
+            parser.add_argument(flag.flag, dest=flag.keyword, action="store_const", const=flag.switch,
+                                default=None, help=help)
+        else:
+            parser.add_argument(flag.flag, dest=flag.keyword, type=None if flag.choices else _positive,
+                                choices=flag.choices or None, default=None, help=help)
     parser.add_argument("--executor", choices=sorted(EXECUTORS), default=None,
                         help="cuda-graph (default on GPU): the plan captured into one CUDA Graph; streams: "
                              "the same launches live, for debugging; sequential (default on CPU): one "
@@ -507,7 +498,7 @@ def _loaded(args, constants: dict[str, np.ndarray]):
     schedule = args.schedule or model.plan.scheduler
     with console.status(f"{args.model}: scheduling ({schedule})") as status:
         options = _schedule_options(args, schedule, status)
-        if args.schedule is None and not options.keys() & SCHEDULE_FLAGS.keys():
+        if args.schedule is None and not _schedule_flags_given(args):
             return model
         model = model.reschedule(schedule, executor=args.executor, **options)
     console.print(f"rescheduled {args.model} ({schedule}): {model.plan.num_streams} stream(s)")
@@ -517,25 +508,33 @@ def _loaded(args, constants: dict[str, np.ndarray]):
 def _schedule_options(args, schedule: str, status) -> dict:
     """The scheduling flags given, as keyword arguments of `compile` and `reschedule` (the others keep their
     defaults), and dp's progress shown in `status`; a flag that `schedule` does not take is refused."""
-    from tvmsched.schedule import options_for
+    from tvmsched.schedule import SCHEDULERS, options_for
 
     def search_progress(stats: dict) -> None:
         status.update(f"{args.model}: dp search: {stats['blocks']} blocks done "
                       f"({stats['modeled_ms']:.3f} ms so far), {stats['states']} states, "
                       f"{stats['stages_evaluated']} stages evaluated, {stats['measurements']} measurements")
 
-    given = {"max_streams": args.streams, "cost": args.cost, "max_group_size": args.max_group_size,
-             "max_groups": args.max_groups, "max_states": args.max_states,
-             "time_orders": False if args.stage_sums else None, "stream_mapping": args.stream_mapping}
-    given = {key: value for key, value in given.items() if value is not None}
-    for_scheduler = {key: value for key, value in given.items() if key not in ("max_streams", "cost")}
-    taken = options_for(schedule, **for_scheduler)
-    ignored = [SCHEDULE_FLAGS[key] for key in for_scheduler.keys() - taken.keys()]
+    given = _schedule_flags_given(args)
+    taken = COMMON_SCHEDULE_FLAGS.keys() | {flag.keyword for flag in SCHEDULERS[schedule].flags}
+    ignored = sorted(flag for keyword, (flag, _) in given.items() if keyword not in taken)
     if ignored:
-        raise UsageError(f"--schedule {schedule} does not take {', '.join(sorted(ignored))}; leave "
+        raise UsageError(f"--schedule {schedule} does not take {', '.join(ignored)}; leave "
                          f"{'them' if len(ignored) > 1 else 'it'} out or choose a scheduler that does "
                          f"(tvmsched {args.command} --help)")
-    return {**given, **options_for(schedule, search_progress=search_progress)}
+    return {**{keyword: value for keyword, (_, value) in given.items()},
+            **options_for(schedule, search_progress=search_progress)}
+
+
+def _schedule_flags_given(args) -> dict[str, tuple[str, object]]:
+    """The scheduling flags given: for each, its keyword argument of `compile` and `reschedule`, the flag and
+    its value."""
+    from tvmsched.schedule import scheduler_flags
+
+    flags = {**COMMON_SCHEDULE_FLAGS, **{flag.keyword: flag.flag for flag in scheduler_flags()}}
+    values = {"max_streams": args.streams, "cost": args.cost,
+              **{keyword: getattr(args, keyword) for keyword in flags.keys() - COMMON_SCHEDULE_FLAGS.keys()}}
+    return {keyword: (flags[keyword], value) for keyword, value in values.items() if value is not None}
 
 
 def _build(args) -> None:

@@ -18,6 +18,18 @@ class SchedulerError(TvmschedError):
 
 
 @dataclass(frozen=True)
+class Flag:
+    """A scheduler's option as a command-line flag: `flag` sets the keyword argument `keyword` to a positive
+    integer, or to one of `choices`, or, with `switch` set, takes no value and sets it to `switch`."""
+
+    keyword: str
+    flag: str
+    help: str
+    choices: tuple[str, ...] = ()
+    switch: bool | None = None
+
+
+@dataclass(frozen=True)
 class Stage:
     """Kernel groups that run concurrently, one stream each; a group's kernels run in order."""
 
@@ -55,6 +67,10 @@ class Schedule:
 
 STREAM_MAPPINGS = ("index", "affinity")
 DEFAULT_STREAM_MAPPING = "affinity"  # measured faster on the H100 (docs/schedulers.md)
+STREAM_MAPPING_FLAG = Flag("stream_mapping", "--stream-mapping",
+                           "the stream of each group of a stage; affinity (default): a stream whose last "
+                           "kernel the group reads, else the one idle longest, so fewer groups queue behind "
+                           "unrelated ones; index: group i on stream i", choices=STREAM_MAPPINGS)
 
 
 def check_stream_mapping(mapping: str) -> str:
@@ -112,6 +128,7 @@ class Scheduler(ABC):
     """Decides which stream runs each kernel and the order kernels are issued in."""
 
     name = "scheduler"
+    flags: tuple[Flag, ...] = ()  # its options that commands set by flag (the CLI makes them from these)
 
     def __init__(self, max_streams: int = 8):
         if max_streams < 1:

@@ -32,6 +32,8 @@ from tvmsched.cost.analytic import AnalyticCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import (
     DEFAULT_STREAM_MAPPING,
+    STREAM_MAPPING_FLAG,
+    Flag,
     Schedule,
     Scheduler,
     SchedulerError,
@@ -59,6 +61,19 @@ class MergeOption:
 
 @register_scheduler("dp")
 class DynamicProgrammingScheduler(Scheduler):
+    flags = (Flag("max_group_size", "--max-group-size",
+                  "at most this many kernels in one group of a stage (IOS's r, default 3)"),
+             Flag("max_groups", "--max-groups",
+                  "at most this many concurrent groups in a stage (IOS's s, default 8)"),
+             Flag("max_states", "--max-states",
+                  "split a block whose search has more sets of kernels than this (default 1024; larger "
+                  "searches longer for schedules that are rarely better)"),
+             Flag("time_orders", "--stage-sums",
+                  "choose each part's searched or greedy's stages by the sum of their stage latencies, as "
+                  "IOS, instead of timing the whole plan on the GPU (the executed plan has no barriers "
+                  "between stages; docs/schedulers.md)", switch=False),
+             STREAM_MAPPING_FLAG)
+
     def __init__(self, max_streams: int = 8, max_group_size: int = 3, max_groups: int = 8,
                  max_states: int = 1024, measure_top: int = 3, stream_mapping: str = DEFAULT_STREAM_MAPPING,
                  time_orders: bool = True, search_progress: Callable[[dict], None] | None = None):

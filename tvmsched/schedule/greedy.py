@@ -5,6 +5,7 @@ from tvmsched.cost import StageCost
 from tvmsched.graph import KernelGraph
 from tvmsched.schedule.base import (
     DEFAULT_STREAM_MAPPING,
+    STREAM_MAPPING_FLAG,
     Schedule,
     Scheduler,
     Stage,
@@ -15,6 +16,8 @@ from tvmsched.schedule.base import (
 
 @register_scheduler("greedy")
 class GreedyScheduler(Scheduler):
+    flags = (STREAM_MAPPING_FLAG,)
+
     def __init__(self, max_streams: int = 8, stream_mapping: str = DEFAULT_STREAM_MAPPING):
         super().__init__(max_streams)
         self.stream_mapping = check_stream_mapping(stream_mapping)
