@@ -130,6 +130,35 @@ def test_a_new_schedulers_flag_reaches_it_from_the_command_line(monkeypatch, cap
         capsys, "build", "squeezenet", "-o", "unused", "--schedule", "dp", "--window", "5")
 
 
+def test_each_schedulers_flag_has_a_name_of_its_own_in_every_command():
+    """argparse would give a scheduler option and a command's own argument of the same name one value."""
+    from tvmsched.cli import _build_parser
+    from tvmsched.schedule import scheduler_flags
+
+    keywords = {flag.keyword for flag in scheduler_flags()}
+    commands = next(action for action in _build_parser()._actions
+                    if action.choices and "build" in action.choices)
+    checked = 0
+    for parser in commands.choices.values():
+        dests = [action.dest for action in parser._actions]
+        if "time_orders" in dests:
+            checked += 1
+            assert all(dests.count(keyword) == 1 for keyword in keywords | {"streams", "cost"}), parser.prog
+    assert checked >= 3  # build, run, bench at least
+
+
+def test_a_saved_builds_schedulers_flag_alone_reschedules_it(tmp_path, branchy_model, capsys):
+    onnx.save(branchy_model, tmp_path / "m.onnx")
+    build = str(tmp_path / "build")
+    assert main(["build", str(tmp_path / "m.onnx"), "-o", build, "--batch", "2", "--schedule", "dp",
+                 "--target", "llvm"]) == 0
+    capsys.readouterr()
+    assert main(["run", build, "--max-states", "4"]) == 0
+    assert "rescheduled" in capsys.readouterr().err
+    assert main(["run", build]) == 0
+    assert "rescheduled" not in capsys.readouterr().err
+
+
 def test_tune_reports_kernels_that_got_no_candidate():
     """A kernel whose search produced nothing to measure is named, not left out of the run's output."""
     from tvmsched.cli import _kernel_line

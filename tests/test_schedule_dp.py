@@ -1,4 +1,4 @@
-"""The IOS dynamic-programming scheduler: optimal for its cost model against brute force on small DAGs,
+"""The IOS dynamic-programming scheduler: optimal for its stage cost against brute force on small DAGs,
 never worse than greedy or sequential on the zoo's graphs, and its plans valid and race-free."""
 
 import itertools

@@ -1,4 +1,4 @@
-"""The analytic cost model: a roofline per kernel and a simple concurrency model per stage.
+"""The analytic stage cost: a roofline per kernel and a simple concurrency model per stage.
 
 A kernel alone takes `launch + max(flops / peak, bytes / bandwidth) / utilization`, where utilization is
 the share of the GPU a kernel of its size keeps busy (small kernels leave SMs idle). Concurrent groups
