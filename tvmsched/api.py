@@ -501,10 +501,8 @@ class CompiledModel:
         `with` block: a measured one holds a GPU timer and saves its measurements on closing."""
         here = on_gpu(self.meta.target)
         name = name or ("measured" if here else "analytic")
-        if name == "analytic":  # modelling the build's kind of device (a CPU runs one kernel at a time)
-            return AnalyticCost(self.graph, device_model(self.meta.target.kind))
-        if name != "measured":
-            return create_stage_cost(name, self.graph)
+        if name != "measured":  # computed, for the build's kind of device (a CPU runs one kernel at a time)
+            return create_stage_cost(name, self.graph, device=device_model(self.meta.target.kind))
         if not here:
             raise TargetError("measured stage costs need this build's GPU; use cost='analytic' "
                               "(--cost analytic)")

@@ -379,7 +379,7 @@ def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", default=None, choices=sorted(SCHEDULERS),
                         help="inter-operator schedule: which stream runs each kernel, in which order "
                              "(default: sequential)")
-    parser.add_argument("--streams", type=_positive, default=None,
+    parser.add_argument("--streams", dest="max_streams", type=_positive, default=None,
                         help="at most this many CUDA streams (default 8)")
     parser.add_argument("--cost", choices=sorted(STAGE_COSTS), default=None,
                         help="stage latencies for the schedulers: measured on the GPU (default where the "
@@ -532,9 +532,8 @@ def _schedule_flags_given(args) -> dict[str, tuple[str, object]]:
     from tvmsched.schedule import scheduler_flags
 
     flags = {**COMMON_SCHEDULE_FLAGS, **{flag.keyword: flag.flag for flag in scheduler_flags()}}
-    values = {"max_streams": args.streams, "cost": args.cost,
-              **{keyword: getattr(args, keyword) for keyword in flags.keys() - COMMON_SCHEDULE_FLAGS.keys()}}
-    return {keyword: (flags[keyword], value) for keyword, value in values.items() if value is not None}
+    return {keyword: (flag, getattr(args, keyword)) for keyword, flag in flags.items()
+            if getattr(args, keyword) is not None}
 
 
 def _build(args) -> None:

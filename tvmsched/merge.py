@@ -126,8 +126,13 @@ class _Window:
 
 def convolution_groups(module: tvm.IRModule) -> list[list[Convolution]]:
     """The groups of convolutions of `main` that `merge_convolutions` would merge, in its order."""
+    return found_groups(module, _block_groups)
+
+
+def found_groups(module: tvm.IRModule, groups_of_block: Callable) -> list[list[Member]]:
+    """The groups of `main` that `merge_groups` with `groups_of_block` would consider, in its order."""
     values = Bindings(module["main"]).values
-    return [group for block in module["main"].body.blocks for group in _block_groups(block, values)]
+    return [group for block in module["main"].body.blocks for group in groups_of_block(block, values)]
 
 
 def merge_convolutions(module: tvm.IRModule, keep: Callable[[int], bool] = lambda index: True

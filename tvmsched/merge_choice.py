@@ -152,9 +152,9 @@ def as_computed(module: tvm.IRModule) -> tvm.IRModule:
     kernels do: without the casts to float16 and the layout changes to NHWC that the precision and layout
     rewrites put after `main`'s parameters, nor those back to float32 and NCHW before its outputs, but for
     the results that the model only returns (`MODEL_OUTPUTS`), which keep them as in the model (where that
-    cast fuses into the kernel that computes the result). The model
-    has neither between its kernels; a cast before an output, fused into a member's kernel, made it another
-    kernel than the model's, and a parameter's own transform was timed with its group."""
+    cast fuses into the kernel that computes the result). The model has neither between its kernels; a
+    cast before an output, fused into a member's kernel, made it another kernel than the model's, and a
+    parameter's own transform was timed with its group."""
     main = module["main"]
     blocks = list(main.body.blocks)
     last = blocks[-1].bindings[-1] if blocks and blocks[-1].bindings else None

@@ -20,9 +20,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvmsched.epilogues import Bindings
 from tvmsched.lower import is_op
-from tvmsched.merge import Member, keyed, merge_groups
+from tvmsched.merge import Member, found_groups, keyed, merge_groups
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,7 @@ class Product(Member):
 
 def matmul_groups(module: tvm.IRModule) -> list[list[Product]]:
     """The groups of products of `main` that `merge_matmuls` would merge, in its order."""
-    values = Bindings(module["main"]).values
-    return [group for block in module["main"].body.blocks for group in _block_groups(block, values)]
+    return found_groups(module, _block_groups)
 
 
 def merge_matmuls(module: tvm.IRModule, keep: Callable[[int], bool] = lambda index: True
